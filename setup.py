@@ -1,0 +1,35 @@
+"""ptmjax: pre-training and adapting pre-trained language models in JAX/Flax."""
+
+import setuptools
+
+CORE = [
+    "jax[cpu]>=0.10.2,<0.11",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "chex>=0.1.92,<0.2",
+    "gin-config>=0.5.0,<0.6",
+    "seqio==0.0.20",
+    "tensorflow>=2.21,<2.22",
+    "tensorflow-text>=2.21.1,<2.22",
+    "tensorflow-datasets>=4.9.10,<4.10",
+    "sentencepiece>=0.2.1,<0.3",
+    "tensorboard>=2.21,<2.22",
+    "matplotlib>=3.9,<4",
+    "tqdm>=4.66,<5",
+    "rich>=13,<16",
+]
+
+setuptools.setup(
+    name="ptmjax",
+    version="0.1.0",
+    description=__doc__,
+    packages=setuptools.find_packages(include=["ptmjax", "ptmjax.*"]),
+    python_requires=">=3.11,<3.13",
+    install_requires=CORE,
+    extras_require={
+        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3"],
+        "hf": ["torch==2.13.0", "transformers>=5.20,<6", "safetensors>=0.4,<1"],
+    },
+    entry_points={"console_scripts": ["ptmjax=ptmjax.cli:main"]},
+)
