@@ -1,0 +1,87 @@
+"""The `ptmjax` command line: `ptmjax train --gin_file=... --gin_bindings=...`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
+DEFAULT_GIN_FILE = "runs/demo.gin"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ptmjax", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser(
+        "train", help="pre-train or fine-tune a model from gin files; resumes from --model_dir"
+    )
+    train.add_argument(
+        "--gin_file", action="append", default=None,
+        help=f"gin file, absolute or relative to {GIN_CONFIGS} (repeatable; "
+        f"default {DEFAULT_GIN_FILE})",
+    )
+    train.add_argument(
+        "--gin_bindings", action="append", default=[],
+        help="extra gin binding such as 'train.num_steps = 100' (repeatable)",
+    )
+    train.add_argument(
+        "--model_dir", default=None,
+        help="output folder for checkpoints, config, metrics and plots "
+        "(default: runs/<name of the last gin file>)",
+    )
+    train.add_argument(
+        "--num_cpu_devices", type=int, default=None,
+        help="emulate this many devices on the CPU (to try mesh layouts without accelerators)",
+    )
+    return parser
+
+
+def resolve_gin_file(name: str) -> str:
+    """Finds a gin file as given, or under gin_configs/; lists choices if missing."""
+    for candidate in (Path(name), GIN_CONFIGS / name):
+        if candidate.is_file():
+            return str(candidate)
+    known = sorted(str(p.relative_to(GIN_CONFIGS)) for p in GIN_CONFIGS.rglob("*.gin"))
+    raise FileNotFoundError(f"gin file {name!r} not found; known gin files: {', '.join(known)}")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    if args.num_cpu_devices:
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", args.num_cpu_devices)
+    import gin
+
+    from ptmjax import configurables  # noqa: F401  (registers configurables and tasks)
+    from ptmjax.training.loop import train
+
+    gin_files = [resolve_gin_file(f) for f in (args.gin_file or [DEFAULT_GIN_FILE])]
+    gin.add_config_file_search_path(str(GIN_CONFIGS))
+    gin.parse_config_files_and_bindings(gin_files, args.gin_bindings)
+    model_dir = args.model_dir or os.path.join("runs", Path(gin_files[-1]).stem)
+    result = train(model_dir)
+    state = "interrupted (SIGTERM) at" if result.preempted else "finished at"
+    print(f"\nTraining {state} step {result.step}.")
+    if result.train_loss is not None:
+        print(f"  last train loss: {result.train_loss:.4f}")
+    for key, value in result.eval_metrics.items():
+        print(f"  {key}: {value:.4f}")
+    print("Outputs:")
+    for key, path in result.files.items():
+        print(f"  {key:12s} {os.path.abspath(path)}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    args = _parser().parse_args(argv)
+    if args.command == "train":
+        return run_train(args)
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

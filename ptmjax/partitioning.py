@@ -1,0 +1,191 @@
+"""The device mesh, logical-axis rules, and the shardings they imply.
+
+Model code names axes logically ('embed', 'heads', 'activation_batch', ...).
+This module alone knows the mesh: a rule maps one logical name to an ordered
+tuple of mesh axes (MaxText style), so data, FSDP, tensor and expert
+parallelism are a choice of mesh shape and rules, never a model change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gin
+import jax
+import numpy as np
+import optax
+from flax import linen as nn
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+
+# The axes a batch dimension is split over: every mesh axis that is not
+# model parallel, so each device sees its own examples.
+BATCH_MESH_AXES = ("data", "fsdp", "expert")
+
+MeshAxes = str | tuple[str, ...] | None
+Rules = tuple[tuple[str, MeshAxes], ...]
+
+DEFAULT_RULES: Rules = (
+    # Activations.
+    ("activation_batch", BATCH_MESH_AXES),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_heads", "tensor"),
+    ("activation_kv", None),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+    # Parameters: FSDP shards the model dimension, tensor parallelism the rest.
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("vocab", "tensor"),
+    ("relpos_buckets", None),
+    ("expert", "expert"),
+)
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Sizes of the mesh axes; at most one may be -1, meaning "the rest".
+
+    Attributes:
+      data: pure data parallelism (parameters replicated).
+      fsdp: data parallelism with parameters and optimizer state sharded.
+      tensor: tensor (model) parallelism over heads, mlp and vocab.
+      expert: expert parallelism for Mixture-of-Experts layers.
+      rules: logical-axis rules; each maps a logical name to mesh axes.
+    """
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    expert: int = 1
+    rules: Rules = DEFAULT_RULES
+
+    def axis_sizes(self, num_devices: int) -> dict[str, int]:
+        """Resolves -1 against `num_devices` and checks the product."""
+        sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
+        bad = {a: s for a, s in sizes.items() if s == 0 or s < -1}
+        if bad:
+            raise ValueError(f"mesh axis sizes must be positive or -1, got {bad}")
+        free = [a for a, s in sizes.items() if s == -1]
+        if len(free) > 1:
+            raise ValueError(f"at most one mesh axis may be -1, got {free}; fix all but one")
+        fixed = math.prod(s for s in sizes.values() if s != -1)
+        if free:
+            if num_devices % fixed:
+                raise ValueError(
+                    f"mesh {sizes} cannot fill {num_devices} devices: the fixed axes "
+                    f"multiply to {fixed}, which does not divide {num_devices}"
+                )
+            sizes[free[0]] = num_devices // fixed
+        elif fixed != num_devices:
+            raise ValueError(
+                f"mesh {sizes} has {fixed} devices but {num_devices} are available; "
+                "set one axis to -1 or make the product match"
+            )
+        return sizes
+
+
+def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Builds the named mesh (data, fsdp, tensor, expert) over `devices`."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = config.axis_sizes(len(devices))
+    validate_rules(config.rules)
+    shape = tuple(sizes[a] for a in MESH_AXES)
+    try:
+        grid = mesh_utils.create_device_mesh(shape, devices)
+    except (AssertionError, NotImplementedError, ValueError):
+        # Non-TPU or unusual topologies: a plain row-major layout.
+        grid = np.asarray(devices).reshape(shape)
+    return Mesh(grid, MESH_AXES)
+
+
+def validate_rules(rules: Rules) -> None:
+    """Raises if a rule names a mesh axis that does not exist."""
+    for logical, mesh_axes in rules:
+        names = (mesh_axes,) if isinstance(mesh_axes, str) else (mesh_axes or ())
+        for name in names:
+            if name not in MESH_AXES:
+                raise ValueError(
+                    f"unknown mesh axis {name!r} in rule for {logical!r}; "
+                    f"known: {', '.join(MESH_AXES)}"
+                )
+
+
+def logical_shardings(boxed_tree: Any, mesh: Mesh, rules: Rules) -> Any:
+    """NamedShardings for a tree of nn.Partitioned (abstract) values.
+
+    Checks that every sharded dimension divides evenly, naming the offender.
+    """
+    specs = nn.get_partition_spec(boxed_tree)
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
+    values = nn.unbox(boxed_tree)
+    for path, value, sharding in zip(
+        _paths(values), jax.tree.leaves(values), jax.tree.leaves(shardings)
+    ):
+        _check_divisible(path, value.shape, sharding.spec, mesh)
+    return shardings
+
+
+def optimizer_state_shardings(
+    tx: optax.GradientTransformation, abstract_opt_state: Any, abstract_params: Any,
+    param_shardings: Any, mesh: Mesh,
+) -> Any:
+    """Optimizer state follows its parameter where it has the parameter's shape.
+
+    Full-size moments (Adam's mu/nu, Adafactor's unfactored v) take the
+    parameter's sharding, which is ZeRO sharding under FSDP rules; factored
+    row/column statistics and scalars are small and stay replicated.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def follow(leaf, param, sharding):
+        return sharding if leaf.shape == param.shape else replicated
+
+    return optax.tree_map_params(
+        tx, follow, abstract_opt_state, abstract_params, param_shardings,
+        transform_non_params=lambda _: replicated,
+    )
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of a [batch, ...] array: batch split over the data-like axes."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES))
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    """How many ways a batch is split."""
+    return math.prod(mesh.shape[a] for a in BATCH_MESH_AXES)
+
+
+def global_batch(host_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Assembles each host's slice of the batch into global arrays on the mesh."""
+    sharding = batch_sharding(mesh)
+    return {
+        name: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+        for name, value in host_batch.items()
+    }
+
+
+def _paths(tree: Any) -> list[str]:
+    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def _check_divisible(path: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh) -> None:
+    for dim, (size, axes) in enumerate(zip(shape, spec)):
+        names = (axes,) if isinstance(axes, str) else (axes or ())
+        ways = math.prod(mesh.shape[a] for a in names)
+        if size % ways:
+            raise ValueError(
+                f"parameter {path} dimension {dim} has size {size}, which does not "
+                f"divide over mesh axes {names} of total size {ways}; change the mesh "
+                "shape or the logical-axis rule for that dimension"
+            )

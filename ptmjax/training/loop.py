@@ -1,0 +1,238 @@
+"""The training loop: data -> sharded steps -> metrics, evaluation, checkpoints.
+
+`train` is the gin entry point of a run. It saves the resolved config,
+resumes from the newest checkpoint in `model_dir`, shows a progress bar with
+loss and tokens/s, evaluates on the validation split, and saves on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+
+import gin
+import jax
+import optax
+import seqio
+from flax import linen as nn
+from tqdm.auto import tqdm
+
+from ptmjax import partitioning
+from ptmjax.checkpoints import Checkpointer
+from ptmjax.data import pipeline
+from ptmjax.training.losses import LossConfig
+from ptmjax.training.metrics_log import MetricsLog
+from ptmjax.training.optimizers import adafactor
+from ptmjax.training.schedules import rsqrt_with_warmup
+from ptmjax.training.trainer import Trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What a finished (or interrupted) run reports."""
+
+    model_dir: str
+    step: int
+    train_loss: float | None
+    eval_metrics: dict[str, float]
+    preempted: bool
+    files: dict[str, str]
+
+
+@gin.configurable(denylist=["model_dir"])
+def train(
+    model_dir: str,
+    model: nn.Module = gin.REQUIRED,
+    mixture_or_task_name: str = "ptmjax_pretrain",
+    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+    batch_size: int = gin.REQUIRED,
+    num_steps: int = gin.REQUIRED,
+    optimizer: Callable[..., optax.GradientTransformation] = adafactor,
+    schedule: optax.Schedule | None = None,
+    loss_config: LossConfig | None = None,
+    mesh_config: partitioning.MeshConfig | None = None,
+    num_microbatches: int = 1,
+    pack: bool = True,
+    seed: int = 0,
+    log_every: int = 10,
+    eval_every: int = 100,
+    eval_batches: int | None = 20,
+    checkpoint_every: int = 100,
+    keep_checkpoints: int = 3,
+    show_progress: bool = True,
+) -> TrainResult:
+    """Pre-trains `model` on a seqio mixture; resumes from `model_dir`.
+
+    Args:
+      model_dir: where checkpoints, config.gin, metrics.jsonl, tensorboard/
+        and loss_curve.png go.
+      model: the Flax model (e.g. an EncoderDecoder of a T5Config).
+      mixture_or_task_name: a registered seqio task or mixture.
+      task_feature_lengths: e.g. {"inputs": 512, "targets": 114}.
+      batch_size: the global batch size, over all hosts and devices.
+      num_steps: total optimizer steps (a resumed run continues up to it).
+      optimizer: called with the schedule; returns an optax transformation.
+      schedule: the learning-rate schedule (default: T5's rsqrt with warmup).
+      loss_config: z-loss, label smoothing and loss normalisation (default:
+        LossConfig() with its gin bindings).
+      mesh_config: mesh axis sizes and logical-axis rules (default:
+        MeshConfig() with its gin bindings).
+      num_microbatches: gradient accumulation steps per optimizer step.
+      pack: pack several examples into one row (segment ids keep them apart).
+      seed: seeds parameters, dropout and the data order.
+      log_every / eval_every / checkpoint_every: intervals in steps.
+      eval_batches: validation batches per evaluation (None: the whole split).
+      keep_checkpoints: how many recent checkpoints to keep.
+      show_progress: draw a progress bar.
+    """
+    _check_positive(batch_size=batch_size, num_steps=num_steps, log_every=log_every,
+                    eval_every=eval_every, checkpoint_every=checkpoint_every)
+    os.makedirs(model_dir, exist_ok=True)
+    schedule = schedule or rsqrt_with_warmup()
+    loss_config = loss_config or LossConfig()
+    mesh_config = mesh_config or partitioning.MeshConfig()
+    mesh = partitioning.make_mesh(mesh_config)
+    data_ways = partitioning.data_parallel_size(mesh)
+    if batch_size % (data_ways * num_microbatches):
+        raise ValueError(
+            f"batch_size {batch_size} must divide over the {data_ways} data-parallel devices "
+            f"times num_microbatches={num_microbatches}; pick a multiple of {data_ways * num_microbatches}"
+        )
+    _check_vocabulary(model, mixture_or_task_name)
+
+    trainer = Trainer(model, optimizer(schedule), schedule, mesh, mesh_config.rules,
+                      loss_config, num_microbatches)
+    checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), max_to_keep=keep_checkpoints)
+    log = MetricsLog(model_dir)
+    config_path = _save_config(model_dir)
+    print(f"Resolved config saved to {config_path}:\n{gin.operative_config_str()}")
+
+    if checkpointer.latest_step() is not None:
+        state, data_state = checkpointer.restore(trainer.abstract_state, trainer.state_shardings)
+        print(f"Resumed from step {int(state.step)} in {checkpointer.directory}")
+    else:
+        state, data_state = trainer.init_state(jax.random.key(seed)), {"batches_consumed": 0}
+    start = int(state.step)
+    log.truncate_after(start)
+
+    per_host_batch = batch_size // jax.process_count()
+    train_iter = pipeline.ResumableIterator(
+        lambda: pipeline.get_dataset(
+            mixture_or_task_name, "train", task_feature_lengths, per_host_batch, seed=seed,
+            shuffle=True, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
+        ),
+        batches_consumed=data_state["batches_consumed"],
+    )
+
+    def evaluate(params) -> dict[str, float]:
+        dataset = pipeline.get_dataset(
+            mixture_or_task_name, "validation", task_feature_lengths, per_host_batch, seed=seed,
+            shuffle=False, pack=pack, num_epochs=1, shard_index=jax.process_index(),
+            num_shards=jax.process_count(),
+        )
+        total = None
+        for i, batch in enumerate(dataset.as_numpy_iterator()):
+            if eval_batches is not None and i >= eval_batches:
+                break
+            stats = trainer.eval_stats(params, partitioning.global_batch(batch, mesh))
+            total = stats if total is None else total + stats
+        if total is None:
+            raise ValueError(
+                f"the validation split of {mixture_or_task_name!r} has fewer examples than "
+                f"one batch of {per_host_batch}; lower batch_size or add validation data"
+            )
+        return {f"eval_{k}": float(v) for k, v in jax.device_get(total.metrics()).items()}
+
+    dropout_rng = jax.random.key(seed + 1)
+    tokens_per_step = batch_size * sum(task_feature_lengths.values())
+    train_loss, eval_metrics, preempted = None, {}, False
+    last_time, last_step = time.perf_counter(), start
+    with _stop_on_sigterm() as stop_requested, tqdm(
+        total=num_steps, initial=start, disable=not show_progress, unit="step", dynamic_ncols=True
+    ) as bar:
+        for step in range(start, num_steps):
+            batch = partitioning.global_batch(next(train_iter), mesh)
+            state, metrics = trainer.train_step(state, batch, dropout_rng)
+            done = step + 1
+            bar.update(1)
+            if done % log_every == 0 or done == num_steps:
+                metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                elapsed = time.perf_counter() - last_time
+                metrics["step_time_s"] = elapsed / (done - last_step)
+                metrics["tokens_per_s"] = tokens_per_step / metrics["step_time_s"]
+                last_time, last_step = time.perf_counter(), done
+                log.write(done, metrics)
+                train_loss = metrics["loss"]
+                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+            if done % eval_every == 0 or done == num_steps:
+                eval_metrics = evaluate(state.params)
+                log.write(done, eval_metrics)
+                log.plot()
+                bar.write(f"step {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items()))
+                last_time = time.perf_counter()
+            if done % checkpoint_every == 0 or done == num_steps or stop_requested():
+                checkpointer.save(done, state, train_iter.state())
+            if stop_requested():
+                preempted = True
+                bar.write(f"SIGTERM: saved step {done}; rerun the same command to resume")
+                break
+
+    checkpointer.close()
+    log.close()
+    final_step = int(state.step)
+    files = {
+        "checkpoints": checkpointer.directory,
+        "config": config_path,
+        "metrics": log.jsonl_path,
+        "tensorboard": os.path.join(model_dir, "tensorboard"),
+        "loss_curve": log.plot() if log.records() else "",
+    }
+    return TrainResult(model_dir, final_step, train_loss, eval_metrics, preempted, files)
+
+
+def _check_positive(**values: int) -> None:
+    bad = {k: v for k, v in values.items() if v < 1}
+    if bad:
+        raise ValueError(f"these must be positive integers: {bad}")
+
+
+def _check_vocabulary(model: nn.Module, mixture_or_task_name: str) -> None:
+    """The model's embedding must cover every id the task's vocabulary emits."""
+    task = seqio.get_mixture_or_task(mixture_or_task_name)
+    vocab_size = task.output_features["targets"].vocabulary.vocab_size
+    model_vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if model_vocab is not None and model_vocab < vocab_size:
+        raise ValueError(
+            f"model vocab_size {model_vocab} is smaller than the {vocab_size} ids of "
+            f"{mixture_or_task_name!r}'s vocabulary; set T5Config.vocab_size >= {vocab_size}"
+        )
+
+
+def _save_config(model_dir: str) -> str:
+    path = os.path.join(model_dir, "config.gin")
+    with open(path, "w") as f:
+        f.write(gin.operative_config_str())
+    return path
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    """Yields a function telling whether SIGTERM arrived; restores the handler."""
+    received = []
+
+    def handler(signum, frame):
+        received.append(signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: no handler can be installed
+        yield lambda: False
+        return
+    try:
+        yield lambda: bool(received)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

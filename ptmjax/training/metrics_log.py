@@ -1,0 +1,85 @@
+"""Where metrics go: a JSONL file, TensorBoard, and a loss-curve PNG."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+
+class MetricsLog:
+    """Appends metrics to `model_dir/metrics.jsonl` and TensorBoard.
+
+    Train and eval records share the file; eval keys start with `eval_`.
+    Reading the file back on resume keeps the loss curve continuous.
+    """
+
+    def __init__(self, model_dir: str):
+        self.model_dir = model_dir
+        self.jsonl_path = os.path.join(model_dir, "metrics.jsonl")
+        self.png_path = os.path.join(model_dir, "loss_curve.png")
+        self._tb_dir = os.path.join(model_dir, "tensorboard")
+        self._writer = None
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+        with open(self.jsonl_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        writer = self._tensorboard()
+        with writer.as_default():
+            import tensorflow as tf
+
+            for name, value in metrics.items():
+                tf.summary.scalar(name, float(value), step=int(step))
+        writer.flush()
+
+    def records(self, up_to_step: int | None = None) -> list[dict]:
+        """All records so far (optionally only those at or before a step)."""
+        if not os.path.exists(self.jsonl_path):
+            return []
+        with open(self.jsonl_path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        return [r for r in records if up_to_step is None or r["step"] <= up_to_step]
+
+    def truncate_after(self, step: int) -> None:
+        """Drops records past `step`: a resumed run replays those steps."""
+        kept = self.records(up_to_step=step)
+        with open(self.jsonl_path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+
+    def plot(self) -> str:
+        """Draws train and eval loss against step into loss_curve.png."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot as plt
+
+        records = self.records()
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for key, label in (("loss", "train"), ("eval_loss", "validation")):
+            points = np.array([(r["step"], r[key]) for r in records if key in r])
+            if len(points):
+                ax.plot(points[:, 0], points[:, 1], marker="o" if key == "eval_loss" else None,
+                        markersize=3, label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel("cross-entropy per target token")
+        ax.set_title(os.path.basename(os.path.normpath(self.model_dir)))
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(self.png_path, dpi=110)
+        plt.close(fig)
+        return self.png_path
+
+    def _tensorboard(self):
+        if self._writer is None:
+            import tensorflow as tf
+
+            self._writer = tf.summary.create_file_writer(self._tb_dir)
+        return self._writer
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

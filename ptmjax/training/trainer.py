@@ -1,0 +1,95 @@
+"""The trainer: a model, an optimizer and a mesh, with jitted, sharded steps."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ptmjax import partitioning
+from ptmjax.training import steps
+from ptmjax.training.losses import LossConfig
+from ptmjax.training.train_state import TrainState
+
+
+class Trainer:
+    """Creates the train state already sharded and runs the jitted steps.
+
+    Parameters and optimizer state are never materialised whole on one
+    device: initialisation itself is jitted with the target shardings.
+    """
+
+    def __init__(
+        self, model: nn.Module, tx: optax.GradientTransformation, schedule: optax.Schedule,
+        mesh: Mesh, rules: partitioning.Rules, loss_config: LossConfig = LossConfig(),
+        num_microbatches: int = 1,
+    ):
+        partitioning.validate_rules(rules)
+        self.model, self.tx, self.mesh, self.rules = model, tx, mesh, rules
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        self.batch_sharding = partitioning.batch_sharding(mesh)
+
+        boxed_params = jax.eval_shape(self._init_params, jax.random.key(0))
+        with jax.set_mesh(mesh):
+            param_shardings = partitioning.logical_shardings(boxed_params, mesh, rules)
+        self.logical_axes = nn.get_partition_spec(boxed_params)
+        abstract_params = nn.unbox(boxed_params)
+        abstract_opt_state = jax.eval_shape(tx.init, abstract_params)
+        opt_shardings = partitioning.optimizer_state_shardings(
+            tx, abstract_opt_state, abstract_params, param_shardings, mesh
+        )
+        self.state_shardings = TrainState(
+            step=self.replicated, params=param_shardings, opt_state=opt_shardings
+        )
+        self.abstract_state = TrainState(
+            step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+            opt_state=abstract_opt_state,
+        )
+
+        train_step = steps.make_train_step(model, tx, schedule, loss_config, rules, num_microbatches)
+        self._train_step = jax.jit(
+            train_step,
+            in_shardings=(self.state_shardings, self.batch_sharding, self.replicated),
+            out_shardings=(self.state_shardings, self.replicated),
+            donate_argnums=(0,),
+        )
+        self._eval_step = jax.jit(
+            steps.make_eval_step(model, loss_config, rules),
+            in_shardings=(param_shardings, self.batch_sharding),
+            out_shardings=self.replicated,
+        )
+
+    def _init_params(self, rng: jax.Array) -> Any:
+        tokens = jnp.ones((1, 1), jnp.int32)
+        variables = self.model.init(
+            {"params": rng}, encoder_input_tokens=tokens, decoder_input_tokens=tokens
+        )
+        return variables["params"]
+
+    def init_state(self, rng: jax.Array) -> TrainState:
+        """A fresh state, created directly in its sharded layout."""
+
+        @functools.partial(jax.jit, out_shardings=self.state_shardings)
+        def init(rng):
+            params = nn.unbox(self._init_params(rng))
+            return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
+
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            return init(rng)
+
+    def train_step(
+        self, state: TrainState, batch: steps.Batch, rng: jax.Array
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One optimizer update on a global batch; donates `state`."""
+        with jax.set_mesh(self.mesh):
+            return self._train_step(state, batch, rng)
+
+    def eval_stats(self, params: Any, batch: steps.Batch) -> steps.TokenStats:
+        """Summed token statistics of one global batch."""
+        with jax.set_mesh(self.mesh):
+            return self._eval_step(params, batch)
