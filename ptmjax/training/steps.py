@@ -111,7 +111,7 @@ def make_train_step(
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         metrics = stats.metrics()
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

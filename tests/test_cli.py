@@ -1,0 +1,63 @@
+"""`ptmjax train` as a user runs it: SIGTERM saves a checkpoint, a rerun resumes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ptmjax import cli
+
+
+def start_training(model_dir, *bindings):
+    command = [
+        sys.executable, "-m", "ptmjax.train", "--gin_file=runs/demo.gin", f"--model_dir={model_dir}",
+        "--gin_bindings=train.log_every = 2", "--gin_bindings=train.checkpoint_every = 1000",
+        "--gin_bindings=train.eval_batches = 1",
+        *(f"--gin_bindings={b}" for b in bindings),
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def logged_steps(model_dir):
+    path = os.path.join(model_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line)["step"] for line in f if line.strip()]
+
+
+def test_sigterm_saves_and_a_rerun_resumes(tmp_path):
+    model_dir = str(tmp_path / "run")
+    process = start_training(model_dir, "train.num_steps = 100000")
+    deadline = time.time() + 240
+    while not logged_steps(model_dir):
+        assert process.poll() is None, process.communicate()[0]
+        assert time.time() < deadline, "no metrics after 240 s"
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output
+    assert "SIGTERM: saved step" in output
+    saved = [int(d) for d in os.listdir(os.path.join(model_dir, "checkpoints")) if d.isdigit()]
+    assert len(saved) == 1 and 2 <= saved[0] < 100000
+    with open(os.path.join(model_dir, "config.gin")) as f:
+        config = f.read()
+    assert "T5Config.d_model = 64" in config and "train.num_steps = 100000" in config
+    assert os.path.exists(os.path.join(model_dir, "loss_curve.png"))
+
+    process = start_training(model_dir, f"train.num_steps = {saved[0] + 2}")
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    assert f"Resumed from step {saved[0]}" in output
+    assert f"Training finished at step {saved[0] + 2}" in output
+    assert "eval_loss" in output
+
+
+def test_unknown_gin_file_lists_the_known_ones():
+    with pytest.raises(FileNotFoundError, match=r"runs/demo.gin"):
+        cli.resolve_gin_file("runs/dmeo.gin")
