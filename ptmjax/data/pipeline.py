@@ -1,0 +1,118 @@
+"""The host input pipeline the trainer uses: seqio task -> packed batches -> numpy.
+
+`get_dataset` is deterministic for a fixed seed (seeded shuffles, seeded
+stateless preprocessors, tf.data's default deterministic ordering), so the
+batch at position n is a pure function of (task, split, lengths, batch size,
+seed, shard). `ResumableIterator` relies on that: its whole state is the
+number of batches consumed, and resuming rebuilds the dataset and skips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+import ptmjax.data.tasks  # noqa: F401 - registers the built-in tasks and mixtures
+
+ENCDEC_FEATURES = ("encoder_input_tokens", "decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights")
+PACKING_FEATURES = ("encoder_segment_ids", "encoder_positions", "decoder_segment_ids", "decoder_positions")
+
+
+def _provider(mixture_or_task_name: str) -> seqio.DatasetProviderBase:
+    try:
+        return seqio.get_mixture_or_task(mixture_or_task_name)
+    except ValueError:
+        known = sorted({*seqio.TaskRegistry.names(), *seqio.MixtureRegistry.names()})
+        known = [name for name in known if name.startswith("ptmjax")] or known
+        raise ValueError(
+            f"unknown task or mixture {mixture_or_task_name!r}; registered ptmjax ones: {', '.join(known)} "
+            "(import the module that registers yours first)"
+        ) from None
+
+
+def get_dataset(
+    mixture_or_task_name: str,
+    split: str,
+    task_feature_lengths: Mapping[str, int],
+    batch_size: int,
+    *,
+    seed: int,
+    shuffle: bool,
+    pack: bool = True,
+    num_epochs: int | None = None,
+    shard_index: int = 0,
+    num_shards: int = 1,
+) -> tf.data.Dataset:
+    """Batches of encoder-decoder model features from a registered task or mixture.
+
+    Args:
+      mixture_or_task_name: a registered seqio task or mixture.
+      split: e.g. 'train' or 'validation'.
+      task_feature_lengths: {'inputs': n, 'targets': m}.
+      batch_size: examples per batch of this shard; the last partial batch is dropped.
+      seed: seeds shuffling and the random preprocessors.
+      shuffle: shuffle examples (use False for evaluation).
+      pack: pack several examples per row (adds segment ids and positions).
+      num_epochs: passes over the data; None repeats forever.
+      shard_index: this host's shard.
+      num_shards: number of hosts reading disjoint shards.
+
+    Returns:
+      A dataset of dicts of int32 [batch_size, length] tensors: encoder_input_tokens,
+      decoder_target_tokens, decoder_input_tokens, decoder_loss_weights, and with
+      `pack` also encoder/decoder_segment_ids and encoder/decoder_positions.
+    """
+    provider = _provider(mixture_or_task_name)
+    if split not in provider.splits:
+        raise ValueError(f"unknown split {split!r} of {mixture_or_task_name!r}; known: {', '.join(provider.splits)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be at least 1")
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index={shard_index} must lie in [0, num_shards={num_shards})")
+    missing = {"inputs", "targets"} - set(task_feature_lengths)
+    if missing:
+        raise ValueError(f"task_feature_lengths {dict(task_feature_lengths)} lacks {sorted(missing)}")
+    dataset = seqio.get_dataset(
+        provider,
+        task_feature_lengths=dict(task_feature_lengths),
+        feature_converter=seqio.EncDecFeatureConverter(pack=pack),
+        dataset_split=split,
+        shuffle=shuffle,
+        num_epochs=num_epochs,
+        shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
+        seed=seed,
+        verbose=False,
+    )
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    dataset = dataset.map(lambda batch: {k: tf.cast(v, tf.int32) for k, v in batch.items()})
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+class ResumableIterator(Iterator[dict[str, np.ndarray]]):
+    """Deterministic, resumable host iterator: position = batches consumed.
+
+    `make_dataset` must build the same (deterministic) dataset on every call;
+    resuming at n rebuilds it and skips n batches inside tf.data (the skipped
+    batches are still computed, but never copied to Python).
+    """
+
+    def __init__(self, make_dataset: Callable[[], tf.data.Dataset], batches_consumed: int = 0):
+        if batches_consumed < 0:
+            raise ValueError(f"batches_consumed={batches_consumed} must be >= 0")
+        self._batches_consumed = batches_consumed
+        self._iterator = make_dataset().skip(batches_consumed).as_numpy_iterator()
+
+    def __iter__(self) -> ResumableIterator:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = next(self._iterator)
+        self._batches_consumed += 1
+        return batch
+
+    def state(self) -> dict[str, int]:
+        """{'batches_consumed': n}: JSON-serialisable; pass n back to resume."""
+        return {"batches_consumed": self._batches_consumed}

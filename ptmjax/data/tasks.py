@@ -1,0 +1,135 @@
+"""The seqio task and mixture registry of ptmjax; importing it registers:
+
+* 'ptmjax_stdlib_span_corruption': T5 span corruption over the embedded stdlib
+  corpus (splits 'train', 'validation'), SentencePiece vocabulary trained on
+  first use (2000 pieces + 100 sentinels = 2100 ids).
+* 'ptmjax_stdlib_span_corruption_byte': the same with `seqio.ByteVocabulary`
+  (259 + 100 sentinels = 359 ids); nothing to train.
+* 'ptmjax_pretrain' / 'ptmjax_pretrain_byte': the default pre-training mixtures.
+* 'ptmjax_c4_span_corruption': span corruption over TFDS 'c4/en:3.1.0', for
+  users who have prepared C4 in their TFDS data dir (nothing is read or
+  downloaded when it is registered).
+
+Registering a name again replaces the old entry, so re-imports and notebooks
+do not crash. More tasks and mixtures are a few lines each::
+
+    from ptmjax.data import tasks
+    tasks.register_text_files_task(
+        "my_books", train_pattern="/data/books/train-*.txt",
+        validation_pattern="/data/books/valid.txt")
+    tasks.register_mixture("my_pretrain", [("ptmjax_stdlib_span_corruption", 1.0), ("my_books", 3.0)])
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import seqio
+import tensorflow as tf
+
+from ptmjax.data import corpus, vocabularies
+from ptmjax.objectives import span_corruption
+
+STDLIB_TASK = "ptmjax_stdlib_span_corruption"
+STDLIB_BYTE_TASK = "ptmjax_stdlib_span_corruption_byte"
+C4_TASK = "ptmjax_c4_span_corruption"
+PRETRAIN_MIXTURE = "ptmjax_pretrain"
+PRETRAIN_BYTE_MIXTURE = "ptmjax_pretrain_byte"
+
+
+def output_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
+    """'inputs' and 'targets' int32 features sharing `vocabulary`, EOS appended."""
+    return {
+        "inputs": seqio.Feature(vocabulary, add_eos=True, required=False),
+        "targets": seqio.Feature(vocabulary, add_eos=True),
+    }
+
+
+def span_corruption_preprocessors(text_key: str = "text") -> list[Callable]:
+    """Text feature `text_key` -> tokenize -> cache point -> span corruption -> EOS."""
+    return [
+        functools.partial(seqio.preprocessors.rekey, key_map={"targets": text_key}),
+        functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False),
+        seqio.CacheDatasetPlaceholder(),
+        span_corruption.span_corruption,
+        seqio.preprocessors.append_eos_after_trim,
+    ]
+
+
+def register_task(
+    name: str, source: seqio.DataSource, preprocessors: Sequence[Callable], vocabulary: seqio.Vocabulary
+) -> seqio.Task:
+    """Registers (or replaces) a task with 'inputs'/'targets' of `vocabulary`."""
+    seqio.TaskRegistry.remove(name)
+    return seqio.TaskRegistry.add(
+        name, source=source, output_features=output_features(vocabulary), preprocessors=list(preprocessors)
+    )
+
+
+def register_mixture(name: str, tasks_and_rates: Sequence[tuple[str, float]], **mixture_kwargs) -> seqio.Mixture:
+    """Registers (or replaces) a mixture of registered tasks with sampling rates."""
+    unknown = [task for task, _ in tasks_and_rates if task not in seqio.TaskRegistry.names()]
+    if unknown:
+        raise ValueError(f"mixture {name!r} names unregistered tasks {unknown}; register them first")
+    seqio.MixtureRegistry.remove(name)
+    return seqio.MixtureRegistry.add(name, list(tasks_and_rates), **mixture_kwargs)
+
+
+def register_stdlib_task(name: str, vocabulary: seqio.Vocabulary) -> seqio.Task:
+    """Span corruption over the embedded stdlib corpus with `vocabulary`."""
+    source = seqio.FunctionDataSource(corpus.stdlib_dataset_fn, splits=corpus.SPLITS)
+    return register_task(name, source, span_corruption_preprocessors("text"), vocabulary)
+
+
+@seqio.map_over_dataset
+def _line_to_text(line: tf.Tensor) -> dict[str, tf.Tensor]:
+    return {"text": line}
+
+
+def register_text_files_task(
+    name: str,
+    train_pattern: str | Sequence[str],
+    validation_pattern: str | Sequence[str] | None = None,
+    vocabulary: seqio.Vocabulary | None = None,
+) -> seqio.Task:
+    """Span corruption over local text files, one document per line.
+
+    Args:
+      name: the task name.
+      train_pattern: glob(s) of the 'train' split's files.
+      validation_pattern: glob(s) of the 'validation' split (optional).
+      vocabulary: defaults to `vocabularies.default_vocabulary()`.
+    """
+    splits = {"train": train_pattern}
+    if validation_pattern is not None:
+        splits["validation"] = validation_pattern
+    source = seqio.TextLineDataSource(splits)
+    preprocessors = [_line_to_text, *span_corruption_preprocessors("text")]
+    return register_task(name, source, preprocessors, vocabulary or vocabularies.default_vocabulary())
+
+
+def register_c4_task(
+    name: str = C4_TASK,
+    vocabulary: seqio.Vocabulary | None = None,
+    tfds_name: str = "c4/en:3.1.0",
+    tfds_data_dir: str | None = None,
+) -> seqio.Task:
+    """Span corruption over TFDS C4 ('train', 'validation'); needs prepared data to run."""
+    source = seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=tfds_data_dir, splits=("train", "validation"))
+    return register_task(
+        name, source, span_corruption_preprocessors("text"), vocabulary or vocabularies.default_vocabulary()
+    )
+
+
+def register_defaults() -> None:
+    """(Re-)registers the built-in tasks and mixtures listed in the module doc."""
+    sentencepiece = vocabularies.stdlib_sentencepiece_vocabulary()
+    register_stdlib_task(STDLIB_TASK, sentencepiece)
+    register_stdlib_task(STDLIB_BYTE_TASK, vocabularies.byte_vocabulary())
+    register_c4_task(C4_TASK, sentencepiece)
+    register_mixture(PRETRAIN_MIXTURE, [(STDLIB_TASK, 1.0)])
+    register_mixture(PRETRAIN_BYTE_MIXTURE, [(STDLIB_BYTE_TASK, 1.0)])
+
+
+register_defaults()
