@@ -1,0 +1,231 @@
+"""Hugging Face T5 <-> ptmjax: configs and state dicts (weights as numpy arrays).
+
+HF Linear weights are [out, in]; ours are [in, ...out] with heads split out:
+q/k/v [H*D, E] -> [E, H, D], o [E, H*D] -> [H, D, E], wi [F, E] -> [E, F],
+wo [E, F] -> [F, E], lm_head [V, E] -> logits_dense [E, V]. HF keeps the
+relative bias in block 0 of each stack; we keep it once per stack.
+
+Note on transformers >= 5: `T5Config.__post_init__` forces
+`tie_word_embeddings=True` and records the v1.1 "no output scaling" choice in
+`scale_decoder_outputs`; a freshly built v1.1 model then ties `lm_head` to the
+input embedding (checkpoints with a distinct `lm_head` are untied on load).
+`build_hf_model` gives an untied config its own `lm_head`, as T5 v1.1 has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax.linen as nn
+import numpy as np
+
+from ptmjax.models.t5 import T5Config
+
+FEED_FORWARD_PROJ = {"relu": ("relu",), "gated-gelu": ("gelu", "linear")}
+# Keys HF stores that carry no information of their own (tied copies, unused weights).
+IGNORED_HF_KEYS = (
+    "encoder.embed_tokens.weight",
+    "decoder.embed_tokens.weight",
+    "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",
+)
+
+Params = dict[str, Any]
+Rule = tuple[str, tuple[str, ...], Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
+
+
+def _field(hf_config: Any, name: str, default: Any = None) -> Any:
+    if isinstance(hf_config, Mapping):
+        return hf_config.get(name, default)
+    return getattr(hf_config, name, default)
+
+
+def from_hf_config(hf_config: Any, dtype: str = "float32", param_dtype: str = "float32") -> T5Config:
+    """transformers.T5Config (or its config.json dict) -> T5Config."""
+    proj = _field(hf_config, "feed_forward_proj", "relu")
+    if proj not in FEED_FORWARD_PROJ:
+        raise ValueError(
+            f"unsupported Hugging Face T5 feed_forward_proj={proj!r}; supported: {sorted(FEED_FORWARD_PROJ)}."
+        )
+    if _field(hf_config, "is_encoder_decoder", True) is not True:
+        raise ValueError("unsupported Hugging Face T5 is_encoder_decoder=False; only encoder-decoder T5 converts.")
+    tied = bool(_field(hf_config, "tie_word_embeddings", True))
+    scaled = _field(hf_config, "scale_decoder_outputs", None)  # transformers >= 5
+    if scaled is not None:
+        if bool(scaled) and not tied:
+            raise ValueError(
+                "unsupported Hugging Face T5 combination scale_decoder_outputs=True with tie_word_embeddings=False; "
+                "ptmjax scales logits by d_model**-0.5 only when embeddings are tied."
+            )
+        tied = bool(scaled)
+    num_layers = _field(hf_config, "num_layers")
+    return T5Config(
+        vocab_size=_field(hf_config, "vocab_size"),
+        d_model=_field(hf_config, "d_model"),
+        num_heads=_field(hf_config, "num_heads"),
+        head_dim=_field(hf_config, "d_kv"),
+        d_ff=_field(hf_config, "d_ff"),
+        num_encoder_layers=num_layers,
+        num_decoder_layers=_field(hf_config, "num_decoder_layers") or num_layers,
+        ffn_activations=FEED_FORWARD_PROJ[proj],
+        tie_embeddings=tied,
+        dropout_rate=float(_field(hf_config, "dropout_rate", 0.1)),
+        relative_attention_num_buckets=_field(hf_config, "relative_attention_num_buckets", 32),
+        relative_attention_max_distance=_field(hf_config, "relative_attention_max_distance", 128),
+        layer_norm_epsilon=float(_field(hf_config, "layer_norm_epsilon", 1e-6)),
+        dtype=dtype,
+        param_dtype=param_dtype,
+    )
+
+
+def to_hf_config(config: T5Config) -> Any:
+    """T5Config -> transformers.T5Config (needs transformers installed)."""
+    import transformers
+
+    proj = {v: k for k, v in FEED_FORWARD_PROJ.items()}.get(config.ffn_activations)
+    if proj is None:
+        raise ValueError(
+            f"ffn_activations={config.ffn_activations} has no Hugging Face T5 equivalent; "
+            f"supported: {sorted(FEED_FORWARD_PROJ.values())}."
+        )
+    hf = transformers.T5Config(
+        vocab_size=config.vocab_size,
+        d_model=config.d_model,
+        d_kv=config.head_dim,
+        d_ff=config.d_ff,
+        num_layers=config.num_encoder_layers,
+        num_decoder_layers=config.num_decoder_layers,
+        num_heads=config.num_heads,
+        relative_attention_num_buckets=config.relative_attention_num_buckets,
+        relative_attention_max_distance=config.relative_attention_max_distance,
+        dropout_rate=config.dropout_rate,
+        layer_norm_epsilon=config.layer_norm_epsilon,
+        feed_forward_proj=proj,
+        tie_word_embeddings=config.tie_embeddings,
+    )
+    return hf
+
+
+def build_hf_model(config: T5Config) -> Any:
+    """A randomly initialised transformers T5ForConditionalGeneration with the architecture of `config`.
+
+    Works under `with torch.device('meta')` (for counting parameters). Untied
+    configs get an `lm_head` separate from the shared input embedding.
+    """
+    import torch
+    import transformers
+
+    model = transformers.T5ForConditionalGeneration(to_hf_config(config))
+    if not config.tie_embeddings and model.lm_head.weight is model.shared.weight:
+        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.shared.weight))
+        torch.nn.init.normal_(model.lm_head.weight, mean=0.0, std=1.0)  # HF's init for an untied lm_head
+        model.all_tied_weights_keys.pop("lm_head.weight", None)
+    return model
+
+
+def _rules(config: T5Config) -> list[Rule]:
+    """(hf_key, our_path, hf->ours, ours->hf) for every parameter of `config`."""
+    e, h, d = config.d_model, config.num_heads, config.head_dim
+    ident = (lambda w: w, lambda w: w)
+    qkv = (lambda w: w.T.reshape(e, h, d), lambda w: w.reshape(e, h * d).T)
+    out = (lambda w: w.T.reshape(h, d, e), lambda w: w.reshape(h * d, e).T)
+    transpose = (lambda w: w.T, lambda w: w.T)
+    mlp_names = ["wi"] if len(config.ffn_activations) == 1 else [f"wi_{i}" for i in range(len(config.ffn_activations))]
+
+    rules: list[Rule] = [("shared.weight", ("token_embedder", "embedding"), *ident)]
+
+    def attention(hf_prefix: str, ours: tuple[str, ...]) -> None:
+        for hf_name, name in (("q", "query"), ("k", "key"), ("v", "value")):
+            rules.append((f"{hf_prefix}.{hf_name}.weight", (*ours, name, "kernel"), *qkv))
+        rules.append((f"{hf_prefix}.o.weight", (*ours, "out", "kernel"), *out))
+
+    def mlp(hf_prefix: str, ours: tuple[str, ...]) -> None:
+        for name in mlp_names:
+            rules.append((f"{hf_prefix}.DenseReluDense.{name}.weight", (*ours, "mlp", name, "kernel"), *transpose))
+        rules.append((f"{hf_prefix}.DenseReluDense.wo.weight", (*ours, "mlp", "wo", "kernel"), *transpose))
+
+    def norm(hf_key: str, ours: tuple[str, ...]) -> None:
+        rules.append((hf_key, (*ours, "scale"), *ident))
+
+    for stack, n_layers in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
+        relpos = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+        rules.append((relpos, (stack, "relpos_bias", "rel_embedding"), *ident))
+        for i in range(n_layers):
+            hf, ours = f"{stack}.block.{i}.layer", (stack, f"layers_{i}")
+            if stack == "encoder":
+                attention(f"{hf}.0.SelfAttention", (*ours, "attention"))
+                norm(f"{hf}.0.layer_norm.weight", (*ours, "pre_attention_layer_norm"))
+                mlp(f"{hf}.1", ours)
+                norm(f"{hf}.1.layer_norm.weight", (*ours, "pre_mlp_layer_norm"))
+            else:
+                attention(f"{hf}.0.SelfAttention", (*ours, "self_attention"))
+                norm(f"{hf}.0.layer_norm.weight", (*ours, "pre_self_attention_layer_norm"))
+                attention(f"{hf}.1.EncDecAttention", (*ours, "encoder_decoder_attention"))
+                norm(f"{hf}.1.layer_norm.weight", (*ours, "pre_cross_attention_layer_norm"))
+                mlp(f"{hf}.2", ours)
+                norm(f"{hf}.2.layer_norm.weight", (*ours, "pre_mlp_layer_norm"))
+        norm(f"{stack}.final_layer_norm.weight", (stack, f"{stack}_norm"))
+    if not config.tie_embeddings:
+        rules.append(("lm_head.weight", ("decoder", "logits_dense", "kernel"), *transpose))
+    return rules
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # torch tensor; bfloat16 has no numpy dtype
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+        return value.numpy()
+    return np.asarray(value)
+
+
+def hf_to_params(state_dict: Mapping[str, Any], config: T5Config) -> Params:
+    """HF T5ForConditionalGeneration state dict -> ptmjax params tree (plain numpy arrays, no boxes).
+
+    Raises KeyError naming missing keys and unexpected keys (a config mismatch).
+    """
+    rules = _rules(config)
+    expected = {rule[0] for rule in rules}
+    missing = sorted(expected - set(state_dict))
+    ignorable = set(IGNORED_HF_KEYS) | ({"lm_head.weight"} if config.tie_embeddings else set())
+    unexpected = sorted(set(state_dict) - expected - ignorable)
+    if missing or unexpected:
+        raise KeyError(
+            f"state dict does not match {config}: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
+            f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}; "
+            "build the config with from_hf_config(hf_model.config)."
+        )
+    params: Params = {}
+    for hf_key, path, to_ours, _ in rules:
+        value = _to_numpy(state_dict[hf_key])
+        try:
+            converted = to_ours(value)
+        except ValueError as err:
+            raise ValueError(f"cannot convert {hf_key} of shape {value.shape} for {config}: {err}") from err
+        node = params
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = converted
+    return {"params": params}
+
+
+def params_to_hf(params: Params, config: T5Config) -> dict[str, np.ndarray]:
+    """ptmjax params (boxed or not, with or without the top 'params' key) -> HF state dict of numpy arrays.
+
+    Emits every key of HF's `state_dict()`, including the tied copies of the embedding.
+    """
+    tree = nn.meta.unbox(params)
+    tree = tree.get("params", tree)
+    state: dict[str, np.ndarray] = {}
+    for hf_key, path, _, to_hf in _rules(config):
+        node = tree
+        for part in path:
+            if part not in node:
+                raise KeyError(f"params have no {'/'.join(path)} (needed for {hf_key}); is {config} the right config?")
+            node = node[part]
+        state[hf_key] = np.ascontiguousarray(to_hf(np.asarray(node)))
+    state["encoder.embed_tokens.weight"] = state["shared.weight"]
+    state["decoder.embed_tokens.weight"] = state["shared.weight"]
+    if config.tie_embeddings:
+        state["lm_head.weight"] = state["shared.weight"]
+    return state

@@ -1,0 +1,68 @@
+"""T5 relative position bias: log-spaced buckets of key_pos - query_pos, one scalar per head."""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from ptmjax.models.layers import DType
+
+Array = jax.Array
+
+
+def relative_position_bucket(
+    relative_position: Array, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128
+) -> Array:
+    """Map relative positions (key_pos - query_pos) to bucket ids in [0, num_buckets).
+
+    Bidirectional (encoder): half of the buckets for keys before the query, half
+    for keys after. Causal (decoder): keys after the query all fall in bucket 0.
+    Within each half, the first half of the buckets are exact distances and the
+    rest are log-spaced up to `max_distance`; farther distances share the last
+    bucket. Matches Mesh TensorFlow / Hugging Face T5.
+    """
+    relative_position = jnp.asarray(relative_position, jnp.int32)
+    bucket = jnp.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (relative_position > 0).astype(jnp.int32) * num_buckets
+        distance = jnp.abs(relative_position)
+    else:
+        distance = -jnp.minimum(relative_position, 0)
+    max_exact = num_buckets // 2
+    is_small = distance < max_exact
+    # Same float32 operation order as the reference so boundary cases round identically.
+    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
+    large = max_exact + (log_ratio / math.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(jnp.int32)
+    large = jnp.minimum(large, num_buckets - 1)
+    return bucket + jnp.where(is_small, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+    """Learned bias table [buckets, heads] -> attention bias [batch|1, heads, q_len, k_len]."""
+
+    num_buckets: int
+    max_distance: int
+    num_heads: int
+    bidirectional: bool
+    dtype: DType = jnp.float32
+    param_dtype: DType = jnp.float32
+
+    @nn.compact
+    def __call__(self, query_positions: Array, key_positions: Array) -> Array:
+        """query_positions [b, q] and key_positions [b, k] (b may be 1) -> bias [b, heads, q, k]."""
+        table = self.param(
+            "rel_embedding",
+            nn.with_logical_partitioning(
+                nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), ("relpos_buckets", "heads")
+            ),
+            (self.num_buckets, self.num_heads),
+            self.param_dtype,
+        )
+        relative = key_positions[:, None, :] - query_positions[:, :, None]  # [b, q, k]
+        buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
+        bias = jnp.take(jnp.asarray(table, self.dtype), buckets, axis=0)  # [b, q, k, heads]
+        return jnp.transpose(bias, (0, 3, 1, 2))  # [b, heads, q, k]
