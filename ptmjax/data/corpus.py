@@ -14,6 +14,10 @@ a small, deterministic pre-training corpus that needs no download:
   dropped, and exact duplicates keep their first occurrence.
 * Order: module list order, then attribute names sorted, then class members
   sorted: identical on every run of the same Python version.
+* Isolation: the docstrings are read in a fresh interpreter that loads the
+  standard library only (`python -I -S`), because third-party libraries patch
+  it (transformers adds methods to `logging.Logger`): what else the caller has
+  imported must not change the corpus.
 * Split: a document belongs to 'validation' when the first 8 bytes of the
   SHA-256 of its text, as an integer, modulo 100 is below `VALIDATION_PERCENT`
   (5), else to 'train'. The split depends only on the text, so it is stable
@@ -31,7 +35,10 @@ import functools
 import hashlib
 import importlib
 import inspect
+import json
 import logging
+import subprocess
+import sys
 import types
 import warnings
 from collections.abc import Iterator
@@ -92,6 +99,17 @@ def _documented_objects(module: types.ModuleType) -> Iterator[Any]:
 
 @functools.cache
 def _all_documents() -> tuple[str, ...]:
+    """The documents, extracted in a clean standard-library-only interpreter."""
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", __file__], capture_output=True, text=True, check=False
+    )
+    if result.returncode:
+        raise RuntimeError(f"extracting the stdlib corpus failed:\n{result.stderr}")
+    return tuple(json.loads(result.stdout))
+
+
+def _extract_documents() -> tuple[str, ...]:
+    """Reads the docstrings of STDLIB_MODULES in this interpreter."""
     documents: dict[str, None] = {}  # an ordered set
     for module_name in STDLIB_MODULES:
         with warnings.catch_warnings():  # deprecated modules and attributes warn
@@ -152,3 +170,7 @@ def stdlib_dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) 
     if shuffle_files:
         ds = ds.shuffle(len(documents), seed=seed, reshuffle_each_iteration=True)
     return ds
+
+
+if __name__ == "__main__":  # run by _all_documents in a clean interpreter
+    json.dump(list(_extract_documents()), sys.stdout)

@@ -55,3 +55,18 @@ def test_dataset_fn_yields_the_split_and_shuffles_deterministically():
 def test_unknown_split_is_named():
     with pytest.raises(ValueError, match="unknown split 'test'.*train, validation"):
         corpus.stdlib_docstrings("test")
+
+
+def test_libraries_patching_the_stdlib_do_not_change_the_corpus(monkeypatch):
+    """transformers adds documented methods to logging.Logger; the corpus must not see them."""
+    import logging
+
+    want = corpus.corpus_fingerprint("train")
+
+    def warning_advice(self):
+        """A method that a third-party library adds to the standard library's Logger class."""
+
+    monkeypatch.setattr(logging.Logger, "warning_advice", warning_advice, raising=False)
+    for cached in (corpus._all_documents, corpus.stdlib_docstrings):
+        cached.cache_clear()
+    assert corpus.corpus_fingerprint("train") == want
