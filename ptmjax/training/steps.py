@@ -108,6 +108,9 @@ def make_train_step(
                 grads, stats = accumulate(state.params, batch, rng)
             normalizer = loss_config.normalizing_factor or jnp.maximum(stats.tokens, 1.0)
             grads = jax.tree.map(lambda g: g / normalizer, grads)
+            # Keeps XLA from fusing the optimizer's elementwise update into the
+            # gradient computation, which made AdamW steps 1.5x slower on CPU.
+            grads = jax.lax.optimization_barrier(grads)
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         metrics = stats.metrics()
