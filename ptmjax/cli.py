@@ -48,19 +48,48 @@ def resolve_gin_file(name: str) -> str:
     raise FileNotFoundError(f"gin file {name!r} not found; known gin files: {', '.join(known)}")
 
 
+def parse_gin(gin_files: Sequence[str], bindings: Sequence[str] = ()) -> list[str]:
+    """Parses gin files (found as given or under gin_configs/) and bindings.
+
+    Registers every configurable first, so gin files need no imports; returns
+    the resolved file paths. Usable from notebooks as well as the CLI.
+    """
+    import gin
+
+    from ptmjax import configurables  # noqa: F401  (registers configurables and tasks)
+
+    paths = [resolve_gin_file(f) for f in gin_files]
+    _search_gin_configs_first()
+    with gin.unlock_config():
+        gin.parse_config_files_and_bindings(paths, bindings)
+    return paths
+
+
+def _search_gin_configs_first() -> None:
+    """Makes gin look for `include`d files under gin_configs/ before anywhere else.
+
+    Gin tries a bare relative include such as 'runs/pretrain.gin' as a Python
+    package path first, and crashes (TypeError) when a folder of that name on
+    sys.path is a namespace package, e.g. a `runs/` output folder in the
+    working directory under `python -m`. Its public API only appends search
+    paths, so ours goes to the front of its list.
+    """
+    import gin
+
+    prefixes = gin.config._LOCATION_PREFIXES  # noqa: SLF001 - see the docstring
+    if str(GIN_CONFIGS) in prefixes:
+        prefixes.remove(str(GIN_CONFIGS))
+    prefixes.insert(0, str(GIN_CONFIGS))
+
+
 def run_train(args: argparse.Namespace) -> int:
     if args.num_cpu_devices:
         import jax
 
         jax.config.update("jax_num_cpu_devices", args.num_cpu_devices)
-    import gin
-
-    from ptmjax import configurables  # noqa: F401  (registers configurables and tasks)
     from ptmjax.training.loop import train
 
-    gin_files = [resolve_gin_file(f) for f in (args.gin_file or [DEFAULT_GIN_FILE])]
-    gin.add_config_file_search_path(str(GIN_CONFIGS))
-    gin.parse_config_files_and_bindings(gin_files, args.gin_bindings)
+    gin_files = parse_gin(args.gin_file or [DEFAULT_GIN_FILE], args.gin_bindings)
     model_dir = args.model_dir or os.path.join("runs", Path(gin_files[-1]).stem)
     result = train(model_dir)
     state = "interrupted (SIGTERM) at" if result.preempted else "finished at"

@@ -4,11 +4,11 @@ Importing this module also registers the seqio tasks and mixtures.
 """
 
 import gin
-from flax import linen as nn  # noqa: F401  (kept for gin's @nn... references in user files)
 
 from ptmjax import checkpoints, partitioning  # noqa: F401
-from ptmjax.data import tasks  # noqa: F401
+from ptmjax.data import tasks
 from ptmjax.models import t5
 from ptmjax.training import loop, losses, optimizers, schedules  # noqa: F401
 
 gin.external_configurable(t5.EncoderDecoder, module="ptmjax.models")
+gin.external_configurable(tasks.register_text_files_task, module="ptmjax.data.tasks")

@@ -61,3 +61,17 @@ def test_sigterm_saves_and_a_rerun_resumes(tmp_path):
 def test_unknown_gin_file_lists_the_known_ones():
     with pytest.raises(FileNotFoundError, match=r"runs/demo.gin"):
         cli.resolve_gin_file("runs/dmeo.gin")
+
+
+def test_includes_resolve_beside_folders_named_like_gin_subfolders(tmp_path, monkeypatch):
+    """A `runs/` output folder on sys.path must not break `include 'runs/...'`."""
+    import gin
+
+    for name in ("runs", "models", "mesh"):
+        (tmp_path / name).mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        cli.parse_gin(["runs/demo.gin"])
+        assert gin.query_parameter("T5Config.d_model") == 64
+    finally:
+        gin.clear_config()

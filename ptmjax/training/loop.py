@@ -47,7 +47,7 @@ class TrainResult:
 def train(
     model_dir: str,
     model: nn.Module = gin.REQUIRED,
-    mixture_or_task_name: str = "ptmjax_pretrain",
+    mixture_or_task_name: str | seqio.Task | seqio.Mixture = "ptmjax_pretrain",
     task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
     batch_size: int = gin.REQUIRED,
     num_steps: int = gin.REQUIRED,
@@ -71,7 +71,8 @@ def train(
       model_dir: where checkpoints, config.gin, metrics.jsonl, tensorboard/
         and loss_curve.png go.
       model: the Flax model (e.g. an EncoderDecoder of a T5Config).
-      mixture_or_task_name: a registered seqio task or mixture.
+      mixture_or_task_name: a registered seqio task or mixture, or the object
+        itself (e.g. `@register_text_files_task()` in gin).
       task_feature_lengths: e.g. {"inputs": 512, "targets": 114}.
       batch_size: the global batch size, over all hosts and devices.
       num_steps: total optimizer steps (a resumed run continues up to it).
@@ -89,6 +90,7 @@ def train(
       keep_checkpoints: how many recent checkpoints to keep.
       show_progress: draw a progress bar.
     """
+    mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
     _check_positive(batch_size=batch_size, num_steps=num_steps, log_every=log_every,
                     eval_every=eval_every, checkpoint_every=checkpoint_every)
     os.makedirs(model_dir, exist_ok=True)

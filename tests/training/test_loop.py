@@ -65,3 +65,30 @@ def test_stop_and_resume_equals_one_run(tmp_path):
     assert again.eval_metrics == result.eval_metrics
     for name in ("config", "metrics", "loss_curve"):
         assert os.path.exists(result.files[name]), name
+
+
+def test_text_files_task_from_gin_alone(tmp_path):
+    """runs/text_files.gin trains on local files with no Python written."""
+    import gin
+
+    from ptmjax import cli
+
+    lines = [f"Line {i} of a small local corpus about packing, sharding and checkpoints." for i in range(400)]
+    (tmp_path / "train.txt").write_text("\n".join(lines))
+    (tmp_path / "valid.txt").write_text("\n".join(lines[:80]))
+    cli.parse_gin(
+        ["runs/demo.gin", "runs/text_files.gin"],
+        [
+            f"register_text_files_task.train_pattern = '{tmp_path / 'train.txt'}'",
+            f"register_text_files_task.validation_pattern = '{tmp_path / 'valid.txt'}'",
+            "train.num_steps = 2", "train.batch_size = 8", "train.show_progress = False",
+            "train.task_feature_lengths = {'inputs': 32, 'targets': 8}",
+        ],
+    )
+    try:
+        result = train(str(tmp_path / "run"))
+    finally:
+        gin.clear_config()
+    assert result.step == 2 and result.eval_metrics["eval_num_tokens"] > 0
+    with open(result.files["config"]) as f:
+        assert "ptmjax_text_files_span_corruption" in f.read()
