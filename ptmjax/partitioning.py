@@ -129,7 +129,7 @@ def logical_shardings(boxed_tree: Any, mesh: Mesh, rules: Rules) -> Any:
     shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
     values = nn.unbox(boxed_tree)
     for path, value, sharding in zip(
-        _paths(values), jax.tree.leaves(values), jax.tree.leaves(shardings)
+        _paths(values), jax.tree.leaves(values), jax.tree.leaves(shardings), strict=True
     ):
         _check_divisible(path, value.shape, sharding.spec, mesh)
     return shardings
@@ -180,7 +180,7 @@ def _paths(tree: Any) -> list[str]:
 
 
 def _check_divisible(path: str, shape: tuple[int, ...], spec: PartitionSpec, mesh: Mesh) -> None:
-    for dim, (size, axes) in enumerate(zip(shape, spec)):
+    for dim, (size, axes) in enumerate(zip(shape, spec, strict=False)):  # a spec may be shorter
         names = (axes,) if isinstance(axes, str) else (axes or ())
         ways = math.prod(mesh.shape[a] for a in names)
         if size % ways:

@@ -151,6 +151,24 @@ class DecoderLayer(nn.Module):
         return x
 
 
+def _embed_with_position_bias(
+    c: T5Config, embedding: Embed, drop: nn.Dropout, tokens: Array, positions: Array | None,
+    bidirectional: bool, enable_dropout: bool,
+) -> tuple[Array, Array]:
+    """The start of a stack: embedded tokens [b, l, embed] and its relative bias [b|1, h, l, l].
+
+    Called inside a stack's compact `__call__`, so the bias module is that stack's child.
+    """
+    x = embedding(tokens).astype(c.compute_dtype)
+    x = nn.with_logical_constraint(drop(x, deterministic=not enable_dropout), HIDDEN_AXES)
+    pos = _positions(tokens, positions)
+    bias = RelativePositionBias(
+        c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
+        bidirectional=bidirectional, name="relpos_bias", **_kw(c),
+    )(pos, pos)  # fmt: skip
+    return x, bias
+
+
 class Encoder(nn.Module):
     """Token ids [b, s] -> encoded [b, s, embed]."""
 
@@ -167,13 +185,7 @@ class Encoder(nn.Module):
     ) -> Array:
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
-        x = self.shared_embedding(tokens).astype(c.compute_dtype)  # [b, s, embed]
-        x = nn.with_logical_constraint(drop(x, deterministic=not enable_dropout), HIDDEN_AXES)
-        pos = _positions(tokens, positions)
-        bias = RelativePositionBias(
-            c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
-            bidirectional=True, name="relpos_bias", **_kw(c),
-        )(pos, pos)  # fmt: skip
+        x, bias = _embed_with_position_bias(c, self.shared_embedding, drop, tokens, positions, True, enable_dropout)
         bias = bias + mask_to_bias(encoder_self_mask(tokens, segment_ids), c.compute_dtype)  # [b, h, s, s]
         for i in range(c.num_encoder_layers):
             x = EncoderLayer(c, name=f"layers_{i}")(x, bias, enable_dropout)
@@ -200,13 +212,9 @@ class Decoder(nn.Module):
     ) -> Array:
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
-        x = self.shared_embedding(tokens).astype(c.compute_dtype)  # [b, t, embed]
-        x = nn.with_logical_constraint(drop(x, deterministic=not enable_dropout), HIDDEN_AXES)
-        pos = _positions(tokens, positions)
-        self_bias = RelativePositionBias(
-            c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
-            bidirectional=False, name="relpos_bias", **_kw(c),
-        )(pos, pos)  # fmt: skip
+        x, self_bias = _embed_with_position_bias(
+            c, self.shared_embedding, drop, tokens, positions, False, enable_dropout
+        )
         self_bias = self_bias + mask_to_bias(decoder_self_mask(tokens, segment_ids), c.compute_dtype)
         cross = cross_mask(tokens, encoder_tokens, segment_ids, encoder_segment_ids)
         cross_bias = mask_to_bias(cross, c.compute_dtype)  # [b, 1, t, s]
@@ -268,7 +276,10 @@ class EncoderDecoder(nn.Module):
         decoder_positions: Array | None = None,
         enable_dropout: bool = False,
     ) -> Array:
-        """encoded [b, s, embed], encoder tokens [b, s] (for the mask), decoder tokens [b, t] -> logits [b, t, vocab]."""
+        """encoded [b, s, embed], encoder tokens [b, s] (for the mask), decoder tokens [b, t]
+
+        -> logits [b, t, vocab].
+        """
         _check_inputs(
             "decoder_input_tokens", decoder_input_tokens,
             decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,

@@ -32,7 +32,7 @@ class TokenStats(NamedTuple):
     tokens: jax.Array
 
     def __add__(self, other: "TokenStats") -> "TokenStats":
-        return TokenStats(*(a + b for a, b in zip(self, other)))
+        return TokenStats(*(a + b for a, b in zip(self, other, strict=True)))
 
     def metrics(self) -> dict[str, jax.Array]:
         """Per-token averages."""

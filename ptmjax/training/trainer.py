@@ -26,7 +26,7 @@ class Trainer:
 
     def __init__(
         self, model: nn.Module, tx: optax.GradientTransformation, schedule: optax.Schedule,
-        mesh: Mesh, rules: partitioning.Rules, loss_config: LossConfig = LossConfig(),
+        mesh: Mesh, rules: partitioning.Rules, loss_config: LossConfig | None = None,
         num_microbatches: int = 1,
     ):
         partitioning.validate_rules(rules)
@@ -51,6 +51,7 @@ class Trainer:
             opt_state=abstract_opt_state,
         )
 
+        loss_config = loss_config or LossConfig()
         train_step = steps.make_train_step(model, tx, schedule, loss_config, rules, num_microbatches)
         self._train_step = jax.jit(
             train_step,

@@ -38,7 +38,10 @@ def test_is_english_prose():
 
 
 def test_same_documents_in_a_fresh_process_with_another_hash_seed():
-    code = "from ptmjax.data import corpus; print(corpus.corpus_fingerprint('train'), corpus.corpus_fingerprint('validation'))"
+    code = (
+        "from ptmjax.data import corpus; "
+        "print(corpus.corpus_fingerprint('train'), corpus.corpus_fingerprint('validation'))"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [corpus.corpus_fingerprint("train"), corpus.corpus_fingerprint("validation")]

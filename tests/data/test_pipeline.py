@@ -1,6 +1,7 @@
 """The trainer-facing pipeline: shapes, packing, determinism, resumption, tasks."""
 
 import functools
+import itertools
 import json
 
 import numpy as np
@@ -16,7 +17,7 @@ PACKED = pipeline.ENCDEC_FEATURES + pipeline.PACKING_FEATURES
 
 def batches(name, n, *, split="train", batch_size=4, seed=0, shuffle=True, **kwargs):
     ds = pipeline.get_dataset(name, split, LENGTHS, batch_size, seed=seed, shuffle=shuffle, **kwargs)
-    return [b for _, b in zip(range(n), ds.as_numpy_iterator())]
+    return list(itertools.islice(ds.as_numpy_iterator(), n))
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_shapes_and_dtypes():
 
 
 def check_segments(tokens, segments, positions):
-    for row_tokens, row_segments, row_positions in zip(tokens, segments, positions):
+    for row_tokens, row_segments, row_positions in zip(tokens, segments, positions, strict=True):
         assert ((row_tokens != 0) == (row_segments != 0)).all()  # padding is segment 0
         assert (row_positions[row_segments == 0] == 0).all()
         ids = [s for s in dict.fromkeys(row_segments.tolist()) if s]
@@ -73,7 +74,7 @@ def test_deterministic_per_seed():
     first = batches(tasks.STDLIB_TASK, 2, seed=5)
     again = batches(tasks.STDLIB_TASK, 2, seed=5)
     other = batches(tasks.STDLIB_TASK, 2, seed=6)
-    for a, b in zip(first, again):
+    for a, b in zip(first, again, strict=True):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
     assert not np.array_equal(first[0]["encoder_input_tokens"], other[0]["encoder_input_tokens"])

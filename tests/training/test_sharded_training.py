@@ -102,7 +102,7 @@ def assert_laid_out_by_rules(trainer, state, mesh_config: MeshConfig):
     leaves = jax.tree_util.tree_leaves_with_path(state.params)
     logical = jax.tree.leaves(trainer.logical_axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
     assert len(leaves) == len(logical)
-    for (path, param), axes in zip(leaves, logical):
+    for (path, param), axes in zip(leaves, logical, strict=True):
         want = nn.logical_to_mesh_axes(tuple(axes), mesh_config.rules)
         assert param.sharding.spec == want, f"{jax.tree_util.keystr(path)}: {param.sharding.spec} != {want}"
         shard_shape = param.sharding.shard_shape(param.shape)
