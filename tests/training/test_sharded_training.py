@@ -6,6 +6,7 @@ emulated devices laid out as (data=8), (fsdp=8), (tensor=8) and
 tolerance, and every parameter must be laid out as the rules say.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -52,13 +53,15 @@ def packed_batch(seed: int = 0) -> dict[str, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=None)
-def train(mesh_config: MeshConfig, single_device: bool = False, num_microbatches: int = 1):
+def train(
+    mesh_config: MeshConfig, single_device: bool = False, num_microbatches: int = 1, dtype: str = "float32"
+):
     """Runs STEPS steps; cached, since each distinct run costs a compile."""
     mesh = partitioning.make_mesh(mesh_config, jax.devices()[:1] if single_device else None)
     schedule = rsqrt_with_warmup(peak_learning_rate=0.01, warmup_steps=10)
+    model = EncoderDecoder(dataclasses.replace(CONFIG, dtype=dtype))
     trainer = Trainer(
-        EncoderDecoder(CONFIG), adafactor(schedule), schedule, mesh, mesh_config.rules,
-        LossConfig(z_loss=1e-4), num_microbatches,
+        model, adafactor(schedule), schedule, mesh, mesh_config.rules, LossConfig(z_loss=1e-4), num_microbatches
     )
     state = trainer.init_state(jax.random.key(0))
     batch = partitioning.global_batch(packed_batch(), mesh)
@@ -132,3 +135,12 @@ def test_gradient_accumulation_equals_one_large_batch(single_device):
         lambda got, want: np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=2e-5),
         state.params, want_params,
     )
+
+
+def test_bfloat16_activations_train_float32_parameters(single_device):
+    """bf16 compute keeps float32 master weights and tracks the float32 run."""
+    _, want_losses = single_device
+    _, state, losses = train(MeshConfig(data=8), dtype="bfloat16")
+    assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {np.dtype("float32")}
+    assert losses[-1] < losses[0]
+    np.testing.assert_allclose(losses, want_losses, rtol=2e-2)
