@@ -45,6 +45,7 @@ def get_dataset(
     num_epochs: int | None = None,
     shard_index: int = 0,
     num_shards: int = 1,
+    pad_final_batch: bool = False,
 ) -> tf.data.Dataset:
     """Batches of encoder-decoder model features from a registered task or mixture.
 
@@ -52,13 +53,16 @@ def get_dataset(
       mixture_or_task_name: a registered seqio task or mixture.
       split: e.g. 'train' or 'validation'.
       task_feature_lengths: {'inputs': n, 'targets': m}.
-      batch_size: examples per batch of this shard; the last partial batch is dropped.
+      batch_size: examples per batch of this shard; the last partial batch is
+        dropped, or padded when `pad_final_batch`.
       seed: seeds shuffling and the random preprocessors.
       shuffle: shuffle examples (use False for evaluation).
       pack: pack several examples per row (adds segment ids and positions).
       num_epochs: passes over the data; None repeats forever.
       shard_index: this host's shard.
       num_shards: number of hosts reading disjoint shards.
+      pad_final_batch: fill the last partial batch with all-zero rows (zero loss
+        weight) instead of dropping it, so that evaluation sees every example.
 
     Returns:
       A dataset of dicts of int32 [batch_size, length] tensors: encoder_input_tokens,
@@ -86,9 +90,22 @@ def get_dataset(
         seed=seed,
         verbose=False,
     )
-    dataset = dataset.batch(batch_size, drop_remainder=True)
+    if pad_final_batch:
+        dataset = dataset.batch(batch_size).map(lambda batch: _pad_rows(batch, batch_size))
+    else:
+        dataset = dataset.batch(batch_size, drop_remainder=True)
     dataset = dataset.map(lambda batch: {k: tf.cast(v, tf.int32) for k, v in batch.items()})
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _pad_rows(batch: dict[str, tf.Tensor], batch_size: int) -> dict[str, tf.Tensor]:
+    """Pads [n, length] features to [batch_size, length] with zero rows."""
+
+    def pad(value: tf.Tensor) -> tf.Tensor:
+        padded = tf.pad(value, [[0, batch_size - tf.shape(value)[0]], [0, 0]])
+        return tf.ensure_shape(padded, [batch_size, value.shape[1]])
+
+    return {name: pad(value) for name, value in batch.items()}
 
 
 class ResumableIterator(Iterator[dict[str, np.ndarray]]):

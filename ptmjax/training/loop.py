@@ -134,7 +134,7 @@ def train(
         dataset = pipeline.get_dataset(
             mixture_or_task_name, "validation", task_feature_lengths, per_host_batch, seed=seed,
             shuffle=False, pack=pack, num_epochs=1, shard_index=jax.process_index(),
-            num_shards=jax.process_count(),
+            num_shards=jax.process_count(), pad_final_batch=True,
         )
         total = None
         for i, batch in enumerate(dataset.as_numpy_iterator()):
@@ -143,10 +143,7 @@ def train(
             stats = trainer.eval_stats(params, partitioning.global_batch(batch, mesh))
             total = stats if total is None else total + stats
         if total is None:
-            raise ValueError(
-                f"the validation split of {mixture_or_task_name!r} has fewer examples than "
-                f"one batch of {per_host_batch}; lower batch_size or add validation data"
-            )
+            raise ValueError(f"the validation split of {mixture_or_task_name!r} is empty; add validation data")
         return {f"eval_{k}": float(v) for k, v in jax.device_get(total.metrics()).items()}
 
     dropout_rng = jax.random.key(seed + 1)

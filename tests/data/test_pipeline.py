@@ -133,3 +133,19 @@ def test_errors_name_the_bad_value():
 def test_registering_defaults_twice_is_fine():
     tasks.register_defaults()
     assert seqio.get_mixture_or_task(tasks.PRETRAIN_MIXTURE).tasks[0].name == tasks.STDLIB_TASK
+
+
+def test_padded_final_batch_keeps_every_example():
+    """Evaluation batches cover the whole split: the remainder is padded, not dropped."""
+    kwargs = dict(seed=0, shuffle=False, pack=False, num_epochs=1)
+    every = [b for b in pipeline.get_dataset(tasks.STDLIB_TASK, "validation", LENGTHS, 1, **kwargs).as_numpy_iterator()]
+    padded = list(pipeline.get_dataset(
+        tasks.STDLIB_TASK, "validation", LENGTHS, 7, pad_final_batch=True, **kwargs
+    ).as_numpy_iterator())
+    assert len(every) % 7, "pick a batch size that leaves a remainder"
+    assert all(b["encoder_input_tokens"].shape == (7, LENGTHS["inputs"]) for b in padded)
+    rows = np.concatenate([b["decoder_target_tokens"] for b in padded])
+    real = rows[rows.any(axis=1)]
+    np.testing.assert_array_equal(real, np.concatenate([b["decoder_target_tokens"] for b in every]))
+    weights = np.concatenate([b["decoder_loss_weights"] for b in padded])
+    assert weights[len(every):].sum() == 0
