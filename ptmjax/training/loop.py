@@ -121,21 +121,19 @@ def train(
     start = int(state.step)
     log.truncate_after(start)
 
-    per_host_batch = batch_size // jax.process_count()
+    def host_dataset(split: str, **kwargs):
+        """This host's shard of a split, batched to its share of the global batch."""
+        return pipeline.get_dataset(
+            mixture_or_task_name, split, task_feature_lengths, batch_size // jax.process_count(),
+            seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(), **kwargs,
+        )
+
     train_iter = pipeline.ResumableIterator(
-        lambda: pipeline.get_dataset(
-            mixture_or_task_name, "train", task_feature_lengths, per_host_batch, seed=seed,
-            shuffle=True, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
-        ),
-        batches_consumed=data_state["batches_consumed"],
+        lambda: host_dataset("train", shuffle=True), batches_consumed=data_state["batches_consumed"]
     )
 
     def evaluate(params) -> dict[str, float]:
-        dataset = pipeline.get_dataset(
-            mixture_or_task_name, "validation", task_feature_lengths, per_host_batch, seed=seed,
-            shuffle=False, pack=pack, num_epochs=1, shard_index=jax.process_index(),
-            num_shards=jax.process_count(), pad_final_batch=True,
-        )
+        dataset = host_dataset("validation", shuffle=False, num_epochs=1, pad_final_batch=True)
         total = None
         for i, batch in enumerate(dataset.as_numpy_iterator()):
             if eval_batches is not None and i >= eval_batches:
@@ -168,11 +166,12 @@ def train(
                 train_loss = metrics["loss"]
                 bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
             if done % eval_every == 0 or done == num_steps:
+                eval_start = time.perf_counter()
                 eval_metrics = evaluate(state.params)
                 log.write(done, eval_metrics)
                 log.plot()
                 bar.write(f"step {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items()))
-                last_time = time.perf_counter()
+                last_time += time.perf_counter() - eval_start  # step times exclude evaluation
             if done % checkpoint_every == 0 or done == num_steps or stop_requested():
                 checkpointer.save(done, state, train_iter.state())
             if stop_requested():
