@@ -75,3 +75,14 @@ def test_includes_resolve_beside_folders_named_like_gin_subfolders(tmp_path, mon
         assert gin.query_parameter("T5Config.d_model") == 64
     finally:
         gin.clear_config()
+
+
+@pytest.mark.parametrize("binding,name", [("train.num_stepz = 3", "num_stepz"), ("T5Config.d_modle = 3", "d_modle")])
+def test_misspelt_binding_fails_before_any_work_naming_it(binding, name):
+    import gin
+
+    try:
+        with pytest.raises(ValueError, match=f"doesn't have a parameter named '{name}'"):
+            cli.parse_gin(["runs/demo.gin"], [binding])
+    finally:
+        gin.clear_config()
