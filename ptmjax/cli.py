@@ -1,4 +1,4 @@
-"""The `ptmjax` command line: `ptmjax train --gin_file=... --gin_bindings=...`."""
+"""The `ptmjax` command line: `ptmjax train --gin_file=... --gin_bindings=...`, `ptmjax inspect MODEL_DIR`."""
 
 from __future__ import annotations
 
@@ -36,7 +36,41 @@ def _parser() -> argparse.ArgumentParser:
         "--num_cpu_devices", type=int, default=None,
         help="emulate this many devices on the CPU (to try mesh layouts without accelerators)",
     )
+    _add_inspect_parser(commands)
     return parser
+
+
+def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
+    inspect = commands.add_parser(
+        "inspect", help="table of a run's parameters: shapes, logical axes, sharding, bytes per device; "
+        "reads the checkpoint's metadata only",
+    )
+    inspect.add_argument("model_dir", help="the --model_dir of a `ptmjax train` run")
+    inspect.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    inspect.add_argument(
+        "--mesh", type=parse_mesh_axes, default=None,
+        help="layout to report, e.g. 'data=2,fsdp=2,tensor=2'; unnamed axes are 1, one may be -1 "
+        "(default: the run's mesh)",
+    )
+    inspect.add_argument(
+        "--num_cpu_devices", type=int, default=None,
+        help="emulate this many CPU devices (what a -1 mesh axis fills)",
+    )
+    inspect.add_argument("--opt_state", action="store_true", help="add rows for the optimizer state")
+
+
+def parse_mesh_axes(text: str) -> dict[str, int]:
+    """'data=2,fsdp=-1' -> {'data': 2, 'fsdp': -1}."""
+    axes = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, size = item.partition("=")
+        try:
+            axes[name.strip()] = int(size)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"bad mesh axis {item!r} in {text!r}; write axis=size pairs such as 'data=2,fsdp=4'"
+            ) from None
+    return axes
 
 
 def resolve_gin_file(name: str) -> str:
@@ -104,11 +138,32 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_inspect(args: argparse.Namespace) -> int:
+    if args.num_cpu_devices:
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", args.num_cpu_devices)
+    from rich.console import Console
+
+    from ptmjax.inspect import inspect_checkpoint
+
+    table = inspect_checkpoint(
+        args.model_dir, args.mesh, step=args.step, include_opt_state=args.opt_state
+    )
+    console = Console()
+    if not console.is_terminal:  # piped or captured: wide enough for one line a row
+        console = Console(width=200)
+    console.print(table)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     args = _parser().parse_args(argv)
     if args.command == "train":
         return run_train(args)
+    if args.command == "inspect":
+        return run_inspect(args)
     raise AssertionError(args.command)
 
 

@@ -17,6 +17,17 @@ from ptmjax.training.losses import LossConfig
 from ptmjax.training.train_state import TrainState
 
 
+def init_params(model: nn.Module, rng: jax.Array) -> Any:
+    """The model's parameters, boxed with their logical axes (nn.Partitioned).
+
+    A one-token dummy batch suffices: parameter shapes do not depend on length.
+    Under `jax.eval_shape` this allocates nothing.
+    """
+    tokens = jnp.ones((1, 1), jnp.int32)
+    variables = model.init({"params": rng}, encoder_input_tokens=tokens, decoder_input_tokens=tokens)
+    return variables["params"]
+
+
 class Trainer:
     """Creates the train state already sharded and runs the jitted steps.
 
@@ -34,7 +45,7 @@ class Trainer:
         self.replicated = NamedSharding(mesh, PartitionSpec())
         self.batch_sharding = partitioning.batch_sharding(mesh)
 
-        boxed_params = jax.eval_shape(self._init_params, jax.random.key(0))
+        boxed_params = jax.eval_shape(init_params, model, jax.random.key(0))
         with jax.set_mesh(mesh):
             param_shardings = partitioning.logical_shardings(boxed_params, mesh, rules)
         self.logical_axes = nn.get_partition_spec(boxed_params)
@@ -65,19 +76,12 @@ class Trainer:
             out_shardings=self.replicated,
         )
 
-    def _init_params(self, rng: jax.Array) -> Any:
-        tokens = jnp.ones((1, 1), jnp.int32)
-        variables = self.model.init(
-            {"params": rng}, encoder_input_tokens=tokens, decoder_input_tokens=tokens
-        )
-        return variables["params"]
-
     def init_state(self, rng: jax.Array) -> TrainState:
         """A fresh state, created directly in its sharded layout."""
 
         @functools.partial(jax.jit, out_shardings=self.state_shardings)
         def init(rng):
-            params = nn.unbox(self._init_params(rng))
+            params = nn.unbox(init_params(self.model, rng))
             return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
 
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
