@@ -16,6 +16,7 @@ total is the sum of those, i.e. what the most loaded device holds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import io
 import math
@@ -277,7 +278,7 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
     if rules is not None:
         mesh_config = dataclasses.replace(mesh_config, rules=tuple(rules))
 
-    boxed = jax.eval_shape(init_params, model, jax.random.key(0))
+    boxed = jax.eval_shape(functools.partial(init_params, model), jax.random.key(0))
     on_disk = _checkpoint_metadata(state_dir)
     params = on_disk["params"]
     _check_same_shapes(nn.unbox(boxed), params, model_dir)

@@ -45,7 +45,7 @@ class Trainer:
         self.replicated = NamedSharding(mesh, PartitionSpec())
         self.batch_sharding = partitioning.batch_sharding(mesh)
 
-        boxed_params = jax.eval_shape(init_params, model, jax.random.key(0))
+        boxed_params = jax.eval_shape(functools.partial(init_params, model), jax.random.key(0))
         with jax.set_mesh(mesh):
             param_shardings = partitioning.logical_shardings(boxed_params, mesh, rules)
         self.logical_axes = nn.get_partition_spec(boxed_params)
