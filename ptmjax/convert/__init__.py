@@ -1,5 +1,9 @@
-"""Checkpoint conversion between ptmjax and other frameworks (Hugging Face transformers)."""
+"""Checkpoint conversion between ptmjax and Hugging Face transformers.
 
-from ptmjax.convert.hf_t5 import build_hf_model, from_hf_config, hf_to_params, params_to_hf, to_hf_config
+One module per family: `hf_t5`, `hf_gpt2`, `hf_bert` (BERT and RoBERTa), each with
+from_hf_config / to_hf_config / hf_to_params / params_to_hf / build_hf_model.
+"""
 
-__all__ = ["build_hf_model", "from_hf_config", "hf_to_params", "params_to_hf", "to_hf_config"]
+from ptmjax.convert import hf_bert, hf_gpt2, hf_t5
+
+__all__ = ["hf_bert", "hf_gpt2", "hf_t5"]

@@ -1,5 +1,7 @@
-"""Model definitions: layers, attention, feed-forward and the T5 encoder-decoder."""
+"""Model definitions: shared layers, attention, feed-forward; T5, GPT-2, BERT/RoBERTa."""
 
+from ptmjax.models.bert import Bert, BertConfig, BertOutput
+from ptmjax.models.gpt2 import GPT2, GPT2Config
 from ptmjax.models.t5 import EncoderDecoder, T5Config
 
-__all__ = ["EncoderDecoder", "T5Config"]
+__all__ = ["Bert", "BertConfig", "BertOutput", "EncoderDecoder", "GPT2", "GPT2Config", "T5Config"]

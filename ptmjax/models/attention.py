@@ -37,6 +37,24 @@ def causal_mask(length: int) -> Array:
     return (idx[None, :] <= idx[:, None])[None, None]
 
 
+def prefix_lm_self_mask(
+    length: int, causal_attention: Array | None = None, segment_ids: Array | None = None, batch: int = 1
+) -> Array:
+    """Decoder-only mask [b, 1, t, t]: causal, plus bidirectional inside a prefix, within a segment.
+
+    causal_attention [b, t] (bool/int, as seqio's `decoder_causal_attention`)
+    marks the prefix: a query and a key both inside it may attend in either
+    direction. All ones gives a bidirectional model, None a causal one.
+    """
+    mask = jnp.broadcast_to(causal_mask(length), (batch, 1, length, length))
+    if causal_attention is not None:
+        prefix = causal_attention.astype(bool)
+        mask = mask | pairwise_mask(prefix, prefix)
+    if segment_ids is not None:
+        mask = mask & segment_mask(segment_ids, segment_ids)
+    return mask
+
+
 def encoder_self_mask(tokens: Array, segment_ids: Array | None = None) -> Array:
     """Bidirectional mask [b, 1, s, s] over non-padding tokens, within a segment when packed."""
     valid = tokens > 0
@@ -81,8 +99,10 @@ def mask_to_bias(mask: Array, dtype: DType = jnp.float32) -> Array:
 
 
 class MultiHeadAttention(nn.Module):
-    """T5 attention: no biases, no 1/sqrt(head_dim) scaling (folded into the query init).
+    """Multi-head attention; by default T5's: no biases, no 1/sqrt(head_dim) scaling (folded into the query init).
 
+    `use_bias=True, scale_logits=True` gives BERT/GPT-2 attention: biased
+    projections and logits divided by sqrt(head_dim).
     Attention probabilities are sown into 'intermediates' as `attention_weights`
     [b, heads, q, k]; apply with `mutable=['intermediates']` to read them.
     """
@@ -90,6 +110,8 @@ class MultiHeadAttention(nn.Module):
     num_heads: int
     head_dim: int
     dropout_rate: float = 0.0
+    use_bias: bool = False
+    scale_logits: bool = False
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
 
@@ -103,17 +125,21 @@ class MultiHeadAttention(nn.Module):
             "features": (self.num_heads, self.head_dim),
             "kernel_axes": ("embed", "heads", "kv"),
             "kernel_distribution": "normal",
+            "use_bias": self.use_bias,
             "dtype": self.dtype,
             "param_dtype": self.param_dtype,
         }
         head_axes = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
-        query = Dense(name="query", kernel_scale=1.0 / self.head_dim, **proj)(inputs_q)  # [b, q, h, d]
+        query_scale = 1.0 if self.scale_logits else 1.0 / self.head_dim
+        query = Dense(name="query", kernel_scale=query_scale, **proj)(inputs_q)  # [b, q, h, d]
         key = Dense(name="key", **proj)(inputs_kv)  # [b, k, h, d]
         value = Dense(name="value", **proj)(inputs_kv)  # [b, k, h, d]
         query = nn.with_logical_constraint(query, head_axes)
         key = nn.with_logical_constraint(key, head_axes)
         value = nn.with_logical_constraint(value, head_axes)
 
+        if self.scale_logits:
+            query = query * jnp.asarray(self.head_dim**-0.5, query.dtype)
         logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [b, h, q, k]
         if bias is not None:
             logits = logits + jnp.asarray(bias, logits.dtype)
@@ -129,6 +155,7 @@ class MultiHeadAttention(nn.Module):
             axis=(-2, -1),
             kernel_axes=("heads", "kv", "embed"),
             kernel_distribution="normal",
+            use_bias=self.use_bias,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
         )(context)  # [b, q, embed]

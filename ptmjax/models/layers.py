@@ -1,4 +1,4 @@
-"""Basic building blocks: a bias-free dense layer, token embedding, RMS norm.
+"""Basic building blocks: a dense layer (bias-free unless asked), embedding tables, RMS norm.
 
 Every parameter is created through `nn.with_logical_partitioning`, so `init`
 returns `nn.Partitioned` boxes that carry logical axis names; the partitioner
@@ -24,11 +24,13 @@ def _normalize_axes(axes: int | Sequence[int], ndim: int) -> tuple[int, ...]:
 
 
 class Dense(nn.Module):
-    """Bias-free dense layer contracting the trailing `axis` dims of the input.
+    """Dense layer contracting the trailing `axis` dims of the input; bias-free unless `use_bias`.
 
     Kernel shape is `input.shape[axis] + features`; `kernel_axes` names every
     kernel dimension (e.g. ('embed', 'heads', 'kv') for a query projection).
     The variance-scaling fan-in is the product of the contracted dims.
+    `use_bias=True` (BERT, GPT-2) adds a zero-initialised `bias` of shape
+    `features`, named by the output part of `kernel_axes`.
     """
 
     features: tuple[int, ...]
@@ -36,6 +38,7 @@ class Dense(nn.Module):
     axis: tuple[int, ...] = (-1,)
     kernel_scale: float = 1.0
     kernel_distribution: str = "truncated_normal"
+    use_bias: bool = False
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
 
@@ -63,14 +66,27 @@ class Dense(nn.Module):
         kernel = jnp.asarray(kernel, self.dtype)
         inputs = jnp.asarray(inputs, self.dtype)
         contract_kernel = tuple(range(n_in))
-        return jax.lax.dot_general(inputs, kernel, ((axis, contract_kernel), ((), ())))
+        out = jax.lax.dot_general(inputs, kernel, ((axis, contract_kernel), ((), ())))
+        if self.use_bias:
+            bias_axes = tuple(self.kernel_axes[n_in:])
+            bias = self.param(
+                "bias", nn.with_logical_partitioning(nn.initializers.zeros, bias_axes), tuple(self.features),
+                self.param_dtype,
+            )  # fmt: skip
+            out = out + jnp.asarray(bias, self.dtype)
+        return out
 
 
 class Embed(nn.Module):
-    """Token embedding table [vocab, embed]; `attend` gives logits against it (tied output)."""
+    """Embedding table [vocab, embed]; `attend` gives logits against it (tied output).
+
+    `axes` names the table's dims: ('vocab', 'embed') for tokens, e.g.
+    ('position', 'embed') for a learned position table.
+    """
 
     num_embeddings: int
     features: int
+    axes: tuple[str, str] = ("vocab", "embed")
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
     embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
@@ -78,7 +94,7 @@ class Embed(nn.Module):
     def setup(self) -> None:
         self.embedding = self.param(
             "embedding",
-            nn.with_logical_partitioning(self.embedding_init, ("vocab", "embed")),
+            nn.with_logical_partitioning(self.embedding_init, tuple(self.axes)),
             (self.num_embeddings, self.features),
             self.param_dtype,
         )

@@ -35,11 +35,12 @@ def check_activations(activations: tuple[str, ...]) -> None:
 
 
 class MlpBlock(nn.Module):
-    """Bias-free feed-forward block [b, l, embed] -> [b, l, embed]."""
+    """Feed-forward block [b, l, embed] -> [b, l, embed]; bias-free (T5) unless `use_bias` (BERT, GPT-2)."""
 
     d_ff: int
     activations: tuple[str, ...] = ("relu",)
     dropout_rate: float = 0.0
+    use_bias: bool = False
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
 
@@ -47,7 +48,7 @@ class MlpBlock(nn.Module):
     def __call__(self, x: Array, enable_dropout: bool = False) -> Array:
         check_activations(self.activations)
         embed = x.shape[-1]
-        dense = {"dtype": self.dtype, "param_dtype": self.param_dtype}
+        dense = {"use_bias": self.use_bias, "dtype": self.dtype, "param_dtype": self.param_dtype}
         hidden = None
         for i, name in enumerate(self.activations):
             layer = "wi" if len(self.activations) == 1 else f"wi_{i}"

@@ -57,3 +57,32 @@ def t5_config() -> Callable[..., T5Config]:
 @pytest.fixture
 def t5_variables() -> Callable[..., dict]:
     return random_variables
+
+
+def load_gin_config(name: str, config_class: type, **overrides: object) -> object:
+    """Parse gin_configs/models/{name}.gin and build config_class(**overrides); leaves gin cleared."""
+    gin.clear_config()
+    try:
+        gin.parse_config_file(str(GIN_DIR / f"{name}.gin"))
+        return config_class(**overrides)
+    finally:
+        gin.clear_config()
+
+
+@pytest.fixture
+def gin_config() -> Callable[..., object]:
+    return load_gin_config
+
+
+def boxed_param_table(init: Callable[[], dict]) -> list[dict]:
+    """Path, shape, dtype and logical axes of every parameter of `init()` (traced with eval_shape, never run)."""
+    shapes = jax.eval_shape(init)
+    leaves = jax.tree_util.tree_leaves_with_path(shapes, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    table = []
+    for path, leaf in leaves:
+        assert isinstance(leaf, nn.Partitioned), f"{jax.tree_util.keystr(path)} is not logically partitioned"
+        table.append({
+            "path": "/".join(str(k.key) for k in path), "shape": list(leaf.value.shape),
+            "dtype": str(leaf.value.dtype), "axes": list(leaf.names),
+        })  # fmt: skip
+    return sorted(table, key=lambda row: row["path"])

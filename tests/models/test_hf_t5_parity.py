@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ptmjax.convert import build_hf_model, from_hf_config, hf_to_params, params_to_hf, to_hf_config
+from ptmjax.convert.hf_t5 import build_hf_model, from_hf_config, hf_to_params, params_to_hf, to_hf_config
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.models.relative_position import relative_position_bucket
 

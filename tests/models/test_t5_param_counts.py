@@ -43,7 +43,7 @@ def test_param_count(name, t5_config):
     try:
         import torch
 
-        from ptmjax.convert import build_hf_model
+        from ptmjax.convert.hf_t5 import build_hf_model
     except ImportError:
         return
     pytest.importorskip("transformers")

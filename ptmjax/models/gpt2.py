@@ -1,0 +1,166 @@
+"""GPT-2: a pre-LN decoder-only transformer with learned positions and tied embeddings.
+
+One model trains causal, prefix-LM (UniLM-style) or bidirectional by mask
+alone: `decoder_causal_attention` marks a bidirectional prefix per row, as
+seqio's PrefixLM feature converter produces it. Packed rows (segment ids
+1, 2, ...; 0 = padding) never attend across segments; pass
+`decoder_positions` so each segment's positions restart at 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+
+from ptmjax.models.attention import MultiHeadAttention, mask_to_bias, prefix_lm_self_mask
+from ptmjax.models.config_checks import check_common, check_heads_divide, check_positive_ints
+from ptmjax.models.layers import Embed
+from ptmjax.models.mlp import MlpBlock
+from ptmjax.models.norms import LayerNorm
+from ptmjax.models.positions import check_length, position_embedder, sequential_positions
+from ptmjax.models.t5 import DTYPES
+
+Array = jax.Array
+
+HIDDEN_AXES = ("activation_batch", "activation_length", "activation_embed")
+LOGIT_AXES = ("activation_batch", "activation_length", "activation_vocab")
+EMBED_INIT_STDDEV = 0.02  # GPT-2's initializer_range, for the token and position tables
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class GPT2Config:
+    """Hyper-parameters of a GPT-2 decoder.
+
+    head_dim = d_model // num_heads. max_length is the size of the learned
+    position table (HF n_positions). activation: 'gelu' is the tanh
+    approximation (HF 'gelu_new'); 'gelu_exact' the erf form.
+    dropout_rate applies to embeddings and residual branches (HF embd_pdrop and
+    resid_pdrop), attention_dropout_rate to attention probabilities.
+    """
+
+    vocab_size: int
+    d_model: int
+    num_heads: int
+    num_layers: int
+    d_ff: int
+    max_length: int
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.1
+    activation: str = "gelu"
+    layer_norm_epsilon: float = 1e-5
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_length")
+        check_heads_divide(self)
+        check_common(self, "dropout_rate", "attention_dropout_rate")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+def _kw(config: GPT2Config) -> dict:
+    return {"dtype": jnp.dtype(DTYPES[config.dtype]), "param_dtype": jnp.dtype(DTYPES[config.param_dtype])}
+
+
+class GPT2Block(nn.Module):
+    """LayerNorm -> self-attention -> residual; LayerNorm -> MLP -> residual."""
+
+    config: GPT2Config
+
+    @nn.compact
+    def __call__(self, x: Array, bias: Array, enable_dropout: bool = False) -> Array:
+        """x [b, t, embed], bias [b, 1, t, t] -> [b, t, embed]."""
+        c = self.config
+        drop = nn.Dropout(c.dropout_rate)
+        h = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **_kw(c))(x)
+        h = MultiHeadAttention(
+            c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
+            name="attention", **_kw(c),
+        )(h, h, bias, enable_dropout)  # fmt: skip
+        x = x + drop(h, deterministic=not enable_dropout)
+        h = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **_kw(c))(x)
+        h = MlpBlock(c.d_ff, (c.activation,), 0.0, use_bias=True, name="mlp", **_kw(c))(h, enable_dropout)
+        x = nn.with_logical_constraint(x + drop(h, deterministic=not enable_dropout), HIDDEN_AXES)
+        self.sow("intermediates", "hidden_states", x)
+        return x
+
+
+class GPT2(nn.Module):
+    """GPT-2 language model: `__call__` gives float32 logits [b, t, vocab]; `hidden_states` the final-LN states.
+
+    Inputs are seqio DecoderFeatureConverter / PrefixLM fields:
+      decoder_input_tokens [b, t] int; decoder_segment_ids [b, t] (packing, 0 = padding);
+      decoder_positions [b, t] (default 0..t-1); decoder_causal_attention [b, t]
+      (1 on the bidirectional prefix; None = fully causal).
+    Dropout draws from the 'dropout' rng when `enable_dropout=True`.
+    """
+
+    config: GPT2Config
+
+    def setup(self) -> None:
+        c = self.config
+        self.token_embedder = Embed(
+            c.vocab_size, c.d_model, embedding_init=nn.initializers.normal(EMBED_INIT_STDDEV), **_kw(c)
+        )
+        self.position_embedder = position_embedder(c.max_length, c.d_model, EMBED_INIT_STDDEV, **_kw(c))
+        self.layers = [GPT2Block(c) for _ in range(c.num_layers)]
+        self.decoder_norm = LayerNorm(c.layer_norm_epsilon, **_kw(c))
+        self.dropout = nn.Dropout(c.dropout_rate)
+
+    def hidden_states(
+        self,
+        decoder_input_tokens: Array,
+        decoder_segment_ids: Array | None = None,
+        decoder_positions: Array | None = None,
+        decoder_causal_attention: Array | None = None,
+        enable_dropout: bool = False,
+    ) -> Array:
+        """-> final hidden states [b, t, embed], after the last LayerNorm."""
+        tokens = decoder_input_tokens
+        _check_inputs(
+            tokens, decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
+            decoder_causal_attention=decoder_causal_attention,
+        )  # fmt: skip
+        batch, length = tokens.shape
+        check_length(length, self.config.max_length, "GPT2")
+        positions = sequential_positions(tokens) if decoder_positions is None else decoder_positions
+        x = self.token_embedder(tokens) + self.position_embedder(positions)  # [b, t, embed]
+        x = nn.with_logical_constraint(self.dropout(x, deterministic=not enable_dropout), HIDDEN_AXES)
+        mask = prefix_lm_self_mask(length, decoder_causal_attention, decoder_segment_ids, batch)  # [b, 1, t, t]
+        bias = mask_to_bias(mask, x.dtype)
+        for layer in self.layers:
+            x = layer(x, bias, enable_dropout)
+        return nn.with_logical_constraint(self.decoder_norm(x), HIDDEN_AXES)
+
+    def __call__(
+        self,
+        decoder_input_tokens: Array,
+        decoder_segment_ids: Array | None = None,
+        decoder_positions: Array | None = None,
+        decoder_causal_attention: Array | None = None,
+        enable_dropout: bool = False,
+    ) -> Array:
+        """-> logits float32 [b, t, vocab] against the (tied) token embedding."""
+        x = self.hidden_states(
+            decoder_input_tokens, decoder_segment_ids, decoder_positions, decoder_causal_attention, enable_dropout
+        )
+        logits = self.token_embedder.attend(x)
+        return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES)
+
+
+def _check_inputs(tokens: Array, **companions: Array | None) -> None:
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"decoder_input_tokens must be int [batch, length], got {tokens.dtype} {tokens.shape}.")
+    for name, other in companions.items():
+        if other is not None and other.shape != tokens.shape:
+            raise ValueError(
+                f"{name} has shape {other.shape} but decoder_input_tokens has {tokens.shape}; they must match."
+            )
