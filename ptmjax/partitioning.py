@@ -39,6 +39,10 @@ DEFAULT_RULES: Rules = (
     ("activation_kv", None),
     ("activation_mlp", "tensor"),
     ("activation_vocab", "tensor"),
+    # MoE expert side [group, expert, capacity, ...]: experts on 'expert', groups on the
+    # other batch axes; moving between this and 'activation_batch' is an all-to-all.
+    ("activation_expert", "expert"),
+    ("activation_expert_group", ("data", "fsdp")),
     # Parameters: FSDP shards the model dimension, tensor parallelism the rest.
     ("embed", "fsdp"),
     ("mlp", "tensor"),
@@ -47,6 +51,7 @@ DEFAULT_RULES: Rules = (
     ("vocab", "tensor"),
     ("relpos_buckets", None),
     ("expert", "expert"),
+    ("router_expert", None),  # the small MoE router kernel [embed, expert] is not expert-sharded
 )
 
 

@@ -82,6 +82,11 @@ def to_hf_config(config: T5Config) -> Any:
     """T5Config -> transformers.T5Config (needs transformers installed)."""
     import transformers
 
+    if config.num_experts:
+        raise ValueError(
+            f"num_experts={config.num_experts}: Hugging Face's T5 has no Mixture-of-Experts layers; "
+            "only dense T5 configs (num_experts=0) can be exported."
+        )
     proj = {v: k for k, v in FEED_FORWARD_PROJ.items()}.get(config.ffn_activations)
     if proj is None:
         raise ValueError(

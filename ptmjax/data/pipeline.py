@@ -46,8 +46,9 @@ def get_dataset(
     shard_index: int = 0,
     num_shards: int = 1,
     pad_final_batch: bool = False,
+    feature_converter: type[seqio.FeatureConverter] = seqio.EncDecFeatureConverter,
 ) -> tf.data.Dataset:
-    """Batches of encoder-decoder model features from a registered task or mixture.
+    """Batches of model features from a registered task or mixture.
 
     Args:
       mixture_or_task_name: a registered seqio task or mixture.
@@ -63,11 +64,14 @@ def get_dataset(
       num_shards: number of hosts reading disjoint shards.
       pad_final_batch: fill the last partial batch with all-zero rows (zero loss
         weight) instead of dropping it, so that evaluation sees every example.
+      feature_converter: the seqio converter class for the model family
+        (encoder-decoder by default; seqio.DecoderFeatureConverter for GPT-2).
 
     Returns:
-      A dataset of dicts of int32 [batch_size, length] tensors: encoder_input_tokens,
-      decoder_target_tokens, decoder_input_tokens, decoder_loss_weights, and with
-      `pack` also encoder/decoder_segment_ids and encoder/decoder_positions.
+      A dataset of dicts of int32 [batch_size, length] tensors; for the
+      encoder-decoder converter: encoder_input_tokens, decoder_target_tokens,
+      decoder_input_tokens, decoder_loss_weights, and with `pack` also
+      encoder/decoder_segment_ids and encoder/decoder_positions.
     """
     provider = _provider(mixture_or_task_name)
     if split not in provider.splits:
@@ -76,13 +80,13 @@ def get_dataset(
         raise ValueError(f"batch_size={batch_size} must be at least 1")
     if not 0 <= shard_index < num_shards:
         raise ValueError(f"shard_index={shard_index} must lie in [0, num_shards={num_shards})")
-    missing = {"inputs", "targets"} - set(task_feature_lengths)
+    missing = set(feature_converter.TASK_FEATURES) - set(task_feature_lengths)
     if missing:
         raise ValueError(f"task_feature_lengths {dict(task_feature_lengths)} lacks {sorted(missing)}")
     dataset = seqio.get_dataset(
         provider,
         task_feature_lengths=dict(task_feature_lengths),
-        feature_converter=seqio.EncDecFeatureConverter(pack=pack),
+        feature_converter=feature_converter(pack=pack),
         dataset_split=split,
         shuffle=shuffle,
         num_epochs=num_epochs,

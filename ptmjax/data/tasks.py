@@ -6,6 +6,9 @@
 * 'ptmjax_stdlib_span_corruption_byte': the same with `seqio.ByteVocabulary`
   (259 + 100 sentinels = 359 ids); nothing to train.
 * 'ptmjax_pretrain' / 'ptmjax_pretrain_byte': the default pre-training mixtures.
+* 'ptmjax_stdlib_causal_lm': causal language modeling over the embedded corpus
+  ('targets' only: `objectives.language_modeling.causal_lm`), for decoder-only
+  models such as GPT-2.
 * 'ptmjax_c4_span_corruption': span corruption over TFDS 'c4/en:3.1.0', for
   users who have prepared C4 in their TFDS data dir (nothing is read or
   downloaded when it is registered).
@@ -29,9 +32,10 @@ import seqio
 import tensorflow as tf
 
 from ptmjax.data import corpus, vocabularies
-from ptmjax.objectives import span_corruption
+from ptmjax.objectives import language_modeling, span_corruption
 
 STDLIB_TASK = "ptmjax_stdlib_span_corruption"
+STDLIB_LM_TASK = "ptmjax_stdlib_causal_lm"
 STDLIB_BYTE_TASK = "ptmjax_stdlib_span_corruption_byte"
 C4_TASK = "ptmjax_c4_span_corruption"
 PRETRAIN_MIXTURE = "ptmjax_pretrain"
@@ -53,6 +57,17 @@ def span_corruption_preprocessors(text_key: str = "text") -> list[Callable]:
         functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False),
         seqio.CacheDatasetPlaceholder(),
         span_corruption.span_corruption,
+        seqio.preprocessors.append_eos_after_trim,
+    ]
+
+
+def causal_lm_preprocessors(text_key: str = "text") -> list[Callable]:
+    """Text feature `text_key` -> tokenize -> cache point -> fixed-length chunks -> EOS."""
+    return [
+        functools.partial(seqio.preprocessors.rekey, key_map={"targets": text_key}),
+        functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False),
+        seqio.CacheDatasetPlaceholder(),
+        language_modeling.causal_lm,
         seqio.preprocessors.append_eos_after_trim,
     ]
 
@@ -128,6 +143,8 @@ def register_defaults() -> None:
     register_stdlib_task(STDLIB_TASK, sentencepiece)
     register_stdlib_task(STDLIB_BYTE_TASK, vocabularies.byte_vocabulary())
     register_c4_task(C4_TASK, sentencepiece)
+    stdlib_source = seqio.FunctionDataSource(corpus.stdlib_dataset_fn, splits=corpus.SPLITS)
+    register_task(STDLIB_LM_TASK, stdlib_source, causal_lm_preprocessors("text"), sentencepiece)
     register_mixture(PRETRAIN_MIXTURE, [(STDLIB_TASK, 1.0)])
     register_mixture(PRETRAIN_BYTE_MIXTURE, [(STDLIB_BYTE_TASK, 1.0)])
 

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from ptmjax import partitioning
 from ptmjax.checkpoints import Checkpointer
 from ptmjax.data import pipeline
+from ptmjax.training.architectures import architecture_of
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.optimizers import adafactor
@@ -125,7 +126,8 @@ def train(
         """This host's shard of a split, batched to its share of the global batch."""
         return pipeline.get_dataset(
             mixture_or_task_name, split, task_feature_lengths, batch_size // jax.process_count(),
-            seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(), **kwargs,
+            seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
+            feature_converter=architecture_of(model).feature_converter, **kwargs,
         )
 
     train_iter = pipeline.ResumableIterator(

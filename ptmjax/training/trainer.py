@@ -13,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ptmjax import partitioning
 from ptmjax.training import steps
+from ptmjax.training.architectures import architecture_of
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.train_state import TrainState
 
@@ -24,8 +25,8 @@ def init_params(model: nn.Module, rng: jax.Array) -> Any:
     Under `jax.eval_shape` this allocates nothing.
     """
     tokens = jnp.ones((1, 1), jnp.int32)
-    variables = model.init({"params": rng}, encoder_input_tokens=tokens, decoder_input_tokens=tokens)
-    return variables["params"]
+    inputs = {name: tokens for name in architecture_of(model).init_fields}
+    return model.init({"params": rng}, **inputs)["params"]
 
 
 class Trainer:

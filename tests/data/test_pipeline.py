@@ -149,3 +149,19 @@ def test_padded_final_batch_keeps_every_example():
     np.testing.assert_array_equal(real, np.concatenate([b["decoder_target_tokens"] for b in every]))
     weights = np.concatenate([b["decoder_loss_weights"] for b in padded])
     assert weights[len(every):].sum() == 0
+
+
+def test_causal_lm_task_feeds_a_decoder_only_model():
+    """Decoder-only features: inputs are the targets shifted right within each packed segment."""
+    (batch,) = list(itertools.islice(pipeline.get_dataset(
+        tasks.STDLIB_LM_TASK, "train", {"targets": 32}, 4, seed=0, shuffle=True,
+        feature_converter=seqio.DecoderFeatureConverter,
+    ).as_numpy_iterator(), 1))
+    assert set(batch) == {"decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights",
+                          "decoder_segment_ids", "decoder_positions"}
+    targets, inputs = batch["decoder_target_tokens"], batch["decoder_input_tokens"]
+    segments = batch["decoder_segment_ids"]
+    assert (batch["decoder_loss_weights"] == (targets > 0)).all() and targets.shape == (4, 32)
+    continues = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+    np.testing.assert_array_equal(inputs[:, 1:][continues], targets[:, :-1][continues])
+    assert (targets == 1).any(), "examples end with EOS"

@@ -1,0 +1,194 @@
+"""Mixture-of-Experts feed-forward layer: Switch (top-1) and GShard (top-2) routing.
+
+Tokens are routed in groups, one group per batch row, so routing never depends
+on the mesh or on how the batch is split into microbatches. Within a group each
+expert takes at most `capacity` tokens,
+
+    capacity = ceil(tokens_per_group * top_k * capacity_factor / num_experts),
+
+filled in order: first every token's first choice (in sequence order), then
+every token's second choice. A token whose choice is full is dropped for that
+expert; a token dropped by all its choices gets a zero output, so in a T5
+block it passes through the residual unchanged. Padding tokens are routed and
+counted like real ones (the layer sees no mask).
+
+Gates: top-1 uses the router's softmax probability of the chosen expert
+(Switch); top-k > 1 renormalises the k chosen probabilities to sum to 1
+(GShard). Dispatch and combine are one-hot tensors [group, token, expert,
+capacity] applied with einsums; the expert-side activations are constrained to
+'activation_expert' (experts) and 'activation_expert_group' (groups), so when
+the rules map experts to a mesh axis the tokens move there by all-to-all.
+
+Auxiliary losses, sown (already weighted) into the 'losses' collection:
+- 'load_balancing_loss': num_experts * sum_e f_e * P_e, averaged over groups,
+  where f_e is the fraction of the group's tokens whose *first* choice is e and
+  P_e the mean router probability of e. It is 1 for perfectly balanced routing,
+  whatever top_k (GShard's convention; Switch's for top-1).
+- 'router_z_loss': mean over tokens of logsumexp(router_logits)**2 (ST-MoE).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from ptmjax.models.layers import DType
+from ptmjax.models.mlp import ACTIVATIONS, check_activations
+
+Array = jax.Array
+
+TOKEN_AXES = ("activation_batch", "activation_length", "activation_embed")
+# Expert side: [group, expert, capacity, embed|mlp].
+EXPERT_AXES = ("activation_expert_group", "activation_expert", None, "activation_embed")
+EXPERT_HIDDEN_AXES = ("activation_expert_group", "activation_expert", None, "activation_mlp")
+# Back on the token side, before combining: [group, expert, capacity, embed].
+RETURN_AXES = ("activation_batch", None, None, "activation_embed")
+
+
+def expert_capacity(tokens_per_group: int, top_k: int, capacity_factor: float, num_experts: int) -> int:
+    """ceil(tokens_per_group * top_k * capacity_factor / num_experts), at least 1."""
+    if capacity_factor <= 0:
+        raise ValueError(f"capacity_factor must be > 0, got {capacity_factor!r}; Switch uses 1.25 (train), 2.0 (eval).")
+    return max(1, math.ceil(tokens_per_group * top_k * capacity_factor / num_experts))
+
+
+class Routing(NamedTuple):
+    """Where each token goes. G groups, S tokens per group, E experts, C capacity."""
+
+    dispatch: Array  # [G, S, E, C] 0/1: token s sits in slot c of expert e
+    combine: Array  # [G, S, E, C] dispatch times the token's gate for that expert
+    probs: Array  # [G, S, E] float32 router softmax
+    first_choice: Array  # [G, S] int expert index of each token's top choice
+
+
+def route(router_logits: Array, top_k: int, capacity: int) -> Routing:
+    """Top-k routing with per-expert capacity; `router_logits` [G, S, E] float32."""
+    groups, tokens, num_experts = router_logits.shape
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]; use 1 (Switch) or 2 (GShard).")
+    probs = jax.nn.softmax(router_logits, axis=-1)
+    gates, index = jax.lax.top_k(probs, top_k)  # [G, S, K]
+    if top_k > 1:
+        gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+    choice = jax.nn.one_hot(index, num_experts, dtype=jnp.int32)  # [G, S, K, E]
+    # Priority order: all first choices, then all second choices, each in token order.
+    ordered = jnp.swapaxes(choice, 1, 2).reshape(groups, top_k * tokens, num_experts)
+    position = (jnp.cumsum(ordered, axis=1) - 1) * ordered  # slot index where chosen
+    position = jnp.swapaxes(position.reshape(groups, top_k, tokens, num_experts), 1, 2)  # [G, S, K, E]
+    slots = jax.nn.one_hot(position, capacity, dtype=jnp.float32)  # [G, S, K, E, C]; slot >= C -> all zero
+    slots = slots * choice[..., None]
+    dispatch = jnp.sum(slots, axis=2)  # distinct experts per token, so entries stay 0/1
+    combine = jnp.einsum("gskec,gsk->gsec", slots, gates)
+    return Routing(dispatch, combine, probs, index[..., 0])
+
+
+def load_balancing_loss(probs: Array, first_choice: Array) -> Array:
+    """E * sum_e (fraction of tokens first-routed to e) * (mean prob of e), mean over groups; 1 if balanced."""
+    num_experts = probs.shape[-1]
+    fraction = jnp.mean(jax.nn.one_hot(first_choice, num_experts, dtype=jnp.float32), axis=1)  # [G, E]
+    mean_prob = jnp.mean(probs, axis=1)  # [G, E]
+    return num_experts * jnp.mean(jnp.sum(fraction * mean_prob, axis=-1))
+
+
+def router_z_loss(router_logits: Array) -> Array:
+    """Mean over tokens of logsumexp(logits)**2; `router_logits` [G, S, E]."""
+    return jnp.mean(jnp.square(jax.nn.logsumexp(router_logits, axis=-1)))
+
+
+class MoeBlock(nn.Module):
+    """Switch/GShard feed-forward block [b, l, embed] -> [b, l, embed], one routing group per row.
+
+    Attributes:
+      num_experts: experts per layer (>= 2).
+      d_ff: hidden size of each expert.
+      activations: as `MlpBlock`: ('relu',) or gated, e.g. ('gelu', 'linear').
+      top_k: experts per token: 1 = Switch, 2 = GShard.
+      train_capacity_factor / eval_capacity_factor: capacity multipliers. Training
+        is `enable_dropout=True` (the train step always passes it, also with
+        dropout_rate 0); eval, scoring and inference pass False.
+      load_balancing_loss_weight / router_z_loss_weight: weights of the sown losses.
+      jitter_noise: eps of the multiplicative U(1-eps, 1+eps) noise on the router
+        input in training, drawn from the 'dropout' rng; 0 disables it.
+      dropout_rate: dropout on the expert hidden activations in training.
+    """
+
+    num_experts: int
+    d_ff: int
+    activations: tuple[str, ...] = ("relu",)
+    top_k: int = 1
+    train_capacity_factor: float = 1.25
+    eval_capacity_factor: float = 2.0
+    load_balancing_loss_weight: float = 1e-2
+    router_z_loss_weight: float = 1e-3
+    jitter_noise: float = 0.0
+    dropout_rate: float = 0.0
+    dtype: DType = jnp.float32
+    param_dtype: DType = jnp.float32
+
+    def _router_logits(self, x: Array, enable_dropout: bool) -> Array:
+        """x [G, S, embed] -> float32 logits [G, S, E]; the router always runs in float32."""
+        x32 = jnp.asarray(x, jnp.float32)
+        if enable_dropout and self.jitter_noise > 0:
+            noise = jax.random.uniform(
+                self.make_rng("dropout"), x32.shape, jnp.float32, 1.0 - self.jitter_noise, 1.0 + self.jitter_noise
+            )
+            x32 = x32 * noise
+        # Small init (0.1 x the usual fan-in scale), as Switch recommends for stability.
+        init = nn.initializers.variance_scaling(0.1, "fan_in", "truncated_normal")
+        kernel = self.param(
+            "router", nn.with_logical_partitioning(init, ("embed", "router_expert")),
+            (x.shape[-1], self.num_experts), self.param_dtype,
+        )  # fmt: skip
+        return jnp.einsum("gsd,de->gse", x32, jnp.asarray(kernel, jnp.float32))
+
+    def _expert_kernel(self, name: str, shape: tuple[int, int], axes: tuple[str, str]) -> Array:
+        """A [expert, in, out] kernel, fan-in scaled per expert, cast to the compute dtype."""
+        init = nn.initializers.variance_scaling(
+            1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1, batch_axis=(0,)
+        )
+        kernel = self.param(
+            name, nn.with_logical_partitioning(init, ("expert",) + axes), (self.num_experts,) + shape, self.param_dtype
+        )
+        return jnp.asarray(kernel, self.dtype)
+
+    @nn.compact
+    def __call__(self, x: Array, enable_dropout: bool = False) -> Array:
+        check_activations(self.activations)
+        if self.num_experts < 2:
+            raise ValueError(
+                f"MoeBlock needs num_experts >= 2, got {self.num_experts}; use MlpBlock for a dense layer."
+            )
+        groups, tokens, embed = x.shape
+        x = nn.with_logical_constraint(jnp.asarray(x, self.dtype), TOKEN_AXES)
+        factor = self.train_capacity_factor if enable_dropout else self.eval_capacity_factor
+        capacity = expert_capacity(tokens, self.top_k, factor, self.num_experts)
+
+        logits = self._router_logits(x, enable_dropout)  # [G, S, E]
+        routing = route(logits, self.top_k, capacity)
+        balance = load_balancing_loss(routing.probs, routing.first_choice)
+        self.sow("losses", "load_balancing_loss", self.load_balancing_loss_weight * balance)
+        self.sow("losses", "router_z_loss", self.router_z_loss_weight * router_z_loss(logits))
+        routed = jnp.sum(routing.dispatch, axis=(2, 3))  # [G, S] choices kept per token
+        dropped = jnp.mean((routed < self.top_k).astype(jnp.float32))  # tokens that lost a choice
+        self.sow("intermediates", "dropped_fraction", dropped)
+
+        dispatch = routing.dispatch.astype(self.dtype)
+        expert_in = jnp.einsum("gsec,gsd->gecd", dispatch, x)  # [G, E, C, embed]
+        expert_in = nn.with_logical_constraint(expert_in, EXPERT_AXES)  # all-to-all to the experts
+        hidden = None
+        for i, name in enumerate(self.activations):
+            layer = "wi" if len(self.activations) == 1 else f"wi_{i}"
+            wi = self._expert_kernel(layer, (embed, self.d_ff), ("embed", "mlp"))
+            h = ACTIVATIONS[name](jnp.einsum("gecd,edf->gecf", expert_in, wi))  # [G, E, C, mlp]
+            hidden = h if hidden is None else hidden * h
+        hidden = nn.with_logical_constraint(hidden, EXPERT_HIDDEN_AXES)
+        hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=not enable_dropout)
+        wo = self._expert_kernel("wo", (self.d_ff, embed), ("mlp", "embed"))
+        expert_out = nn.with_logical_constraint(jnp.einsum("gecf,efd->gecd", hidden, wo), EXPERT_AXES)
+        expert_out = nn.with_logical_constraint(expert_out, RETURN_AXES)  # all-to-all back to the tokens
+        out = jnp.einsum("gecd,gsec->gsd", expert_out, routing.combine.astype(self.dtype))  # [G, S, embed]
+        return nn.with_logical_constraint(out, TOKEN_AXES)
