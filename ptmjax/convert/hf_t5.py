@@ -20,6 +20,7 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
+from ptmjax.convert.state_dict import Params, field, one_to_one, rules_to_params
 from ptmjax.models.t5 import T5Config
 
 FEED_FORWARD_PROJ = {"relu": ("relu",), "gated-gelu": ("gelu", "linear")}
@@ -30,27 +31,20 @@ IGNORED_HF_KEYS = (
     "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",
 )
 
-Params = dict[str, Any]
 Rule = tuple[str, tuple[str, ...], Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
-
-
-def _field(hf_config: Any, name: str, default: Any = None) -> Any:
-    if isinstance(hf_config, Mapping):
-        return hf_config.get(name, default)
-    return getattr(hf_config, name, default)
 
 
 def from_hf_config(hf_config: Any, dtype: str = "float32", param_dtype: str = "float32") -> T5Config:
     """transformers.T5Config (or its config.json dict) -> T5Config."""
-    proj = _field(hf_config, "feed_forward_proj", "relu")
+    proj = field(hf_config, "feed_forward_proj", "relu")
     if proj not in FEED_FORWARD_PROJ:
         raise ValueError(
             f"unsupported Hugging Face T5 feed_forward_proj={proj!r}; supported: {sorted(FEED_FORWARD_PROJ)}."
         )
-    if _field(hf_config, "is_encoder_decoder", True) is not True:
+    if field(hf_config, "is_encoder_decoder", True) is not True:
         raise ValueError("unsupported Hugging Face T5 is_encoder_decoder=False; only encoder-decoder T5 converts.")
-    tied = bool(_field(hf_config, "tie_word_embeddings", True))
-    scaled = _field(hf_config, "scale_decoder_outputs", None)  # transformers >= 5
+    tied = bool(field(hf_config, "tie_word_embeddings", True))
+    scaled = field(hf_config, "scale_decoder_outputs", None)  # transformers >= 5
     if scaled is not None:
         if bool(scaled) and not tied:
             raise ValueError(
@@ -58,21 +52,21 @@ def from_hf_config(hf_config: Any, dtype: str = "float32", param_dtype: str = "f
                 "ptmjax scales logits by d_model**-0.5 only when embeddings are tied."
             )
         tied = bool(scaled)
-    num_layers = _field(hf_config, "num_layers")
+    num_layers = field(hf_config, "num_layers")
     return T5Config(
-        vocab_size=_field(hf_config, "vocab_size"),
-        d_model=_field(hf_config, "d_model"),
-        num_heads=_field(hf_config, "num_heads"),
-        head_dim=_field(hf_config, "d_kv"),
-        d_ff=_field(hf_config, "d_ff"),
+        vocab_size=field(hf_config, "vocab_size"),
+        d_model=field(hf_config, "d_model"),
+        num_heads=field(hf_config, "num_heads"),
+        head_dim=field(hf_config, "d_kv"),
+        d_ff=field(hf_config, "d_ff"),
         num_encoder_layers=num_layers,
-        num_decoder_layers=_field(hf_config, "num_decoder_layers") or num_layers,
+        num_decoder_layers=field(hf_config, "num_decoder_layers") or num_layers,
         ffn_activations=FEED_FORWARD_PROJ[proj],
         tie_embeddings=tied,
-        dropout_rate=float(_field(hf_config, "dropout_rate", 0.1)),
-        relative_attention_num_buckets=_field(hf_config, "relative_attention_num_buckets", 32),
-        relative_attention_max_distance=_field(hf_config, "relative_attention_max_distance", 128),
-        layer_norm_epsilon=float(_field(hf_config, "layer_norm_epsilon", 1e-6)),
+        dropout_rate=float(field(hf_config, "dropout_rate", 0.1)),
+        relative_attention_num_buckets=field(hf_config, "relative_attention_num_buckets", 32),
+        relative_attention_max_distance=field(hf_config, "relative_attention_max_distance", 128),
+        layer_norm_epsilon=float(field(hf_config, "layer_norm_epsilon", 1e-6)),
         dtype=dtype,
         param_dtype=param_dtype,
     )
@@ -175,43 +169,13 @@ def _rules(config: T5Config) -> list[Rule]:
     return rules
 
 
-def _to_numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):  # torch tensor; bfloat16 has no numpy dtype
-        value = value.detach().cpu()
-        if str(value.dtype) == "torch.bfloat16":
-            value = value.float()
-        return value.numpy()
-    return np.asarray(value)
-
-
 def hf_to_params(state_dict: Mapping[str, Any], config: T5Config) -> Params:
     """HF T5ForConditionalGeneration state dict -> ptmjax params tree (plain numpy arrays, no boxes).
 
     Raises KeyError naming missing keys and unexpected keys (a config mismatch).
     """
-    rules = _rules(config)
-    expected = {rule[0] for rule in rules}
-    missing = sorted(expected - set(state_dict))
     ignorable = set(IGNORED_HF_KEYS) | ({"lm_head.weight"} if config.tie_embeddings else set())
-    unexpected = sorted(set(state_dict) - expected - ignorable)
-    if missing or unexpected:
-        raise KeyError(
-            f"state dict does not match {config}: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
-            f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}; "
-            "build the config with from_hf_config(hf_model.config)."
-        )
-    params: Params = {}
-    for hf_key, path, to_ours, _ in rules:
-        value = _to_numpy(state_dict[hf_key])
-        try:
-            converted = to_ours(value)
-        except ValueError as err:
-            raise ValueError(f"cannot convert {hf_key} of shape {value.shape} for {config}: {err}") from err
-        node = params
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = converted
-    return {"params": params}
+    return rules_to_params(state_dict, [one_to_one(*rule) for rule in _rules(config)], ignorable, f"{config}")
 
 
 def params_to_hf(params: Params, config: T5Config) -> dict[str, np.ndarray]:

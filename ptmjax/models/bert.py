@@ -27,7 +27,7 @@ from ptmjax.models.layers import Dense, Embed
 from ptmjax.models.mlp import ACTIVATIONS, MlpBlock
 from ptmjax.models.norms import LayerNorm
 from ptmjax.models.positions import check_length, position_embedder, positions_after_padding, sequential_positions
-from ptmjax.models.t5 import DTYPES
+from ptmjax.models.t5 import dtype_kwargs
 
 Array = jax.Array
 
@@ -98,10 +98,6 @@ class BertOutput:
     nsp_logits: Array | None
 
 
-def _kw(config: BertConfig) -> dict:
-    return {"dtype": jnp.dtype(DTYPES[config.dtype]), "param_dtype": jnp.dtype(DTYPES[config.param_dtype])}
-
-
 class BertLayer(nn.Module):
     """Post-LN block: LN(x + attention(x)), then LN(x + mlp(x))."""
 
@@ -114,13 +110,13 @@ class BertLayer(nn.Module):
         drop = nn.Dropout(c.dropout_rate)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-            name="attention", **_kw(c),
+            name="attention", **dtype_kwargs(c),
         )(x, x, bias, enable_dropout)  # fmt: skip
-        x = LayerNorm(c.layer_norm_epsilon, name="attention_layer_norm", **_kw(c))(
+        x = LayerNorm(c.layer_norm_epsilon, name="attention_layer_norm", **dtype_kwargs(c))(
             x + drop(h, deterministic=not enable_dropout)
         )
-        h = MlpBlock(c.d_ff, (c.activation,), 0.0, use_bias=True, name="mlp", **_kw(c))(x, enable_dropout)
-        x = LayerNorm(c.layer_norm_epsilon, name="mlp_layer_norm", **_kw(c))(
+        h = MlpBlock(c.d_ff, (c.activation,), 0.0, use_bias=True, name="mlp", **dtype_kwargs(c))(x, enable_dropout)
+        x = LayerNorm(c.layer_norm_epsilon, name="mlp_layer_norm", **dtype_kwargs(c))(
             x + drop(h, deterministic=not enable_dropout)
         )
         x = nn.with_logical_constraint(x, HIDDEN_AXES)
@@ -136,24 +132,24 @@ class Bert(nn.Module):
     def setup(self) -> None:
         c = self.config
         table_init = nn.initializers.normal(EMBED_INIT_STDDEV)
-        self.token_embedder = Embed(c.vocab_size, c.d_model, embedding_init=table_init, **_kw(c))
-        self.position_embedder = position_embedder(c.max_length, c.d_model, EMBED_INIT_STDDEV, **_kw(c))
+        self.token_embedder = Embed(c.vocab_size, c.d_model, embedding_init=table_init, **dtype_kwargs(c))
+        self.position_embedder = position_embedder(c.max_length, c.d_model, EMBED_INIT_STDDEV, **dtype_kwargs(c))
         self.token_type_embedder = Embed(
-            c.type_vocab_size, c.d_model, axes=("token_type", "embed"), embedding_init=table_init, **_kw(c)
+            c.type_vocab_size, c.d_model, axes=("token_type", "embed"), embedding_init=table_init, **dtype_kwargs(c)
         )
-        self.embedding_layer_norm = LayerNorm(c.layer_norm_epsilon, **_kw(c))
+        self.embedding_layer_norm = LayerNorm(c.layer_norm_epsilon, **dtype_kwargs(c))
         self.layers = [BertLayer(c) for _ in range(c.num_layers)]
         self.dropout = nn.Dropout(c.dropout_rate)
         # MLM head: dense + activation + LayerNorm, then logits against the token embedding plus a bias.
-        self.mlm_transform = Dense((c.d_model,), ("embed", "mlp"), use_bias=True, **_kw(c))
-        self.mlm_layer_norm = LayerNorm(c.layer_norm_epsilon, **_kw(c))
+        self.mlm_transform = Dense((c.d_model,), ("embed", "mlp"), use_bias=True, **dtype_kwargs(c))
+        self.mlm_layer_norm = LayerNorm(c.layer_norm_epsilon, **dtype_kwargs(c))
         self.mlm_bias = self.param(
             "mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (c.vocab_size,),
-            _kw(c)["param_dtype"],
+            dtype_kwargs(c)["param_dtype"],
         )  # fmt: skip
         if c.nsp_head:
-            self.pooler = Dense((c.d_model,), ("embed", "mlp"), use_bias=True, **_kw(c))
-            self.nsp = Dense((2,), ("embed", "classes"), use_bias=True, **_kw(c))
+            self.pooler = Dense((c.d_model,), ("embed", "mlp"), use_bias=True, **dtype_kwargs(c))
+            self.nsp = Dense((2,), ("embed", "classes"), use_bias=True, **dtype_kwargs(c))
 
     def encode(self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False) -> Array:
         """input_tokens [b, s] int, token_type_ids [b, s] (default 0) -> final hidden states [b, s, embed]."""

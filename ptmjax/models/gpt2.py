@@ -22,7 +22,7 @@ from ptmjax.models.layers import Embed
 from ptmjax.models.mlp import MlpBlock
 from ptmjax.models.norms import LayerNorm
 from ptmjax.models.positions import check_length, position_embedder, sequential_positions
-from ptmjax.models.t5 import DTYPES
+from ptmjax.models.t5 import dtype_kwargs
 
 Array = jax.Array
 
@@ -66,10 +66,6 @@ class GPT2Config:
         return self.d_model // self.num_heads
 
 
-def _kw(config: GPT2Config) -> dict:
-    return {"dtype": jnp.dtype(DTYPES[config.dtype]), "param_dtype": jnp.dtype(DTYPES[config.param_dtype])}
-
-
 class GPT2Block(nn.Module):
     """LayerNorm -> self-attention -> residual; LayerNorm -> MLP -> residual."""
 
@@ -80,14 +76,14 @@ class GPT2Block(nn.Module):
         """x [b, t, embed], bias [b, 1, t, t] -> [b, t, embed]."""
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
-        h = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **_kw(c))(x)
+        h = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-            name="attention", **_kw(c),
+            name="attention", **dtype_kwargs(c),
         )(h, h, bias, enable_dropout)  # fmt: skip
         x = x + drop(h, deterministic=not enable_dropout)
-        h = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **_kw(c))(x)
-        h = MlpBlock(c.d_ff, (c.activation,), 0.0, use_bias=True, name="mlp", **_kw(c))(h, enable_dropout)
+        h = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
+        h = MlpBlock(c.d_ff, (c.activation,), 0.0, use_bias=True, name="mlp", **dtype_kwargs(c))(h, enable_dropout)
         x = nn.with_logical_constraint(x + drop(h, deterministic=not enable_dropout), HIDDEN_AXES)
         self.sow("intermediates", "hidden_states", x)
         return x
@@ -108,11 +104,11 @@ class GPT2(nn.Module):
     def setup(self) -> None:
         c = self.config
         self.token_embedder = Embed(
-            c.vocab_size, c.d_model, embedding_init=nn.initializers.normal(EMBED_INIT_STDDEV), **_kw(c)
+            c.vocab_size, c.d_model, embedding_init=nn.initializers.normal(EMBED_INIT_STDDEV), **dtype_kwargs(c)
         )
-        self.position_embedder = position_embedder(c.max_length, c.d_model, EMBED_INIT_STDDEV, **_kw(c))
+        self.position_embedder = position_embedder(c.max_length, c.d_model, EMBED_INIT_STDDEV, **dtype_kwargs(c))
         self.layers = [GPT2Block(c) for _ in range(c.num_layers)]
-        self.decoder_norm = LayerNorm(c.layer_norm_epsilon, **_kw(c))
+        self.decoder_norm = LayerNorm(c.layer_norm_epsilon, **dtype_kwargs(c))
         self.dropout = nn.Dropout(c.dropout_rate)
 
     def hidden_states(

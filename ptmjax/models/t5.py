@@ -33,6 +33,11 @@ HIDDEN_AXES = ("activation_batch", "activation_length", "activation_embed")
 LOGIT_AXES = ("activation_batch", "activation_length", "activation_vocab")
 
 
+def dtype_kwargs(config: object) -> dict:
+    """Module kwargs {'dtype', 'param_dtype'} from a config's `dtype` and `param_dtype` names (keys of DTYPES)."""
+    return {"dtype": jnp.dtype(DTYPES[config.dtype]), "param_dtype": jnp.dtype(DTYPES[config.param_dtype])}
+
+
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class T5Config:

@@ -262,9 +262,8 @@ def bart_noising(
     """
     vocabulary = common.vocabulary_of(output_features, "bart_noising")
     raw_length = min(
-        common.required_length(sequence_length, "inputs", "bart_noising") - common.eos_count(output_features, "inputs"),
-        common.required_length(sequence_length, "targets", "bart_noising")
-        - common.eos_count(output_features, "targets"),
+        common.length_less_eos(sequence_length, output_features, "inputs", "bart_noising"),
+        common.length_less_eos(sequence_length, output_features, "targets", "bart_noising"),
     )
     dataset = common.token_stream(dataset, raw_length, max_chunk_tokens, documents_per_stream)
     return noise_tokens(

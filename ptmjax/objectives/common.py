@@ -35,6 +35,13 @@ def eos_count(output_features: Mapping[str, seqio.Feature], key: str) -> int:
     return int(bool(feature is not None and feature.add_eos))
 
 
+def length_less_eos(
+    sequence_length: Mapping[str, int] | None, output_features: Mapping[str, seqio.Feature], key: str, objective: str
+) -> int:
+    """Raw tokens that fit in sequence_length[key] once the feature's EOS (if it adds one) is appended."""
+    return required_length(sequence_length, key, objective) - eos_count(output_features, key)
+
+
 def vocabulary_of(output_features: Mapping[str, seqio.Feature], objective: str) -> seqio.Vocabulary:
     """The vocabulary of the 'targets' feature."""
     if "targets" not in output_features:

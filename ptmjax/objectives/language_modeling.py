@@ -45,12 +45,8 @@ def split_prefix(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 def prefix_lm_raw_length(sequence_length: Mapping[str, int], output_features: Mapping[str, seqio.Feature]) -> int:
     """Raw tokens per prefix-LM example: any split of them fits both sides (EOS included)."""
-    inputs = common.required_length(sequence_length, "inputs", "prefix_lm") - common.eos_count(
-        output_features, "inputs"
-    )
-    targets = common.required_length(sequence_length, "targets", "prefix_lm") - common.eos_count(
-        output_features, "targets"
-    )
+    inputs = common.length_less_eos(sequence_length, output_features, "inputs", "prefix_lm")
+    targets = common.length_less_eos(sequence_length, output_features, "targets", "prefix_lm")
     if min(inputs, targets) < 1:
         raise ValueError(
             f"prefix_lm needs room for at least one token on each side; got sequence_length={dict(sequence_length)}"
@@ -75,9 +71,7 @@ def causal_lm(
       max_chunk_tokens: each document is first cut to a random chunk of this size.
       documents_per_stream: documents concatenated before splitting.
     """
-    raw_length = common.required_length(sequence_length, "targets", "causal_lm") - common.eos_count(
-        output_features, "targets"
-    )
+    raw_length = common.length_less_eos(sequence_length, output_features, "targets", "causal_lm")
     return common.token_stream(dataset, raw_length, max_chunk_tokens, documents_per_stream)
 
 

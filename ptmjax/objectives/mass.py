@@ -78,7 +78,7 @@ def mass(
       documents_per_stream: documents concatenated before splitting.
     """
     vocabulary = common.vocabulary_of(output_features, "mass")
-    raw_length = common.required_length(sequence_length, "inputs", "mass") - common.eos_count(output_features, "inputs")
+    raw_length = common.length_less_eos(sequence_length, output_features, "inputs", "mass")
     needed = mass_targets_length(raw_length, span_ratio) + common.eos_count(output_features, "targets")
     declared = sequence_length.get("targets")
     if declared is not None and declared < needed:

@@ -1,8 +1,11 @@
-"""Shared helpers for the model tests: T5 configs from the gin files, cheap random weights."""
+"""Shared helpers for the model tests: configs from the gin files, cheap random weights, parameter checks."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import math
+import os
 import pathlib
 from collections.abc import Callable
 
@@ -20,12 +23,7 @@ GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin_configs" / "models"
 
 def load_t5_config(name: str, **overrides: object) -> T5Config:
     """Parse gin_configs/models/{name}.gin and build T5Config(**overrides); leaves gin cleared."""
-    gin.clear_config()
-    try:
-        gin.parse_config_file(str(GIN_DIR / f"{name}.gin"))
-        return T5Config(**overrides)
-    finally:
-        gin.clear_config()
+    return load_gin_config(name, T5Config, **overrides)
 
 
 def random_variables(config: T5Config, seed: int = 0) -> dict:
@@ -86,3 +84,37 @@ def boxed_param_table(init: Callable[[], dict]) -> list[dict]:
             "dtype": str(leaf.value.dtype), "axes": list(leaf.names),
         })  # fmt: skip
     return sorted(table, key=lambda row: row["path"])
+
+
+def assert_matches_golden(table: list[dict], golden: pathlib.Path) -> None:
+    """Assert `table` equals the JSON in `golden`; with PTMJAX_UPDATE_GOLDEN=1, (re)write `golden` first."""
+    if os.environ.get("PTMJAX_UPDATE_GOLDEN") == "1":
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text("[\n" + ",\n".join(json.dumps(row) for row in table) + "\n]\n")
+    assert golden.exists(), f"missing {golden}; create it with PTMJAX_UPDATE_GOLDEN=1"
+    assert table == json.loads(golden.read_text())
+
+
+def count_params(init: Callable[[], dict]) -> int:
+    """Number of parameters `init()` creates (traced with eval_shape, never run)."""
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(jax.eval_shape(init)))
+
+
+def hf_meta_param_count(converter: str, config: object) -> int:
+    """Parameter count of ptmjax.convert.{converter}.build_hf_model(config) on torch's 'meta' device.
+
+    Skips the calling test when torch or transformers is missing.
+    """
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    build_hf_model = importlib.import_module(f"ptmjax.convert.{converter}").build_hf_model
+    with torch.device("meta"):
+        hf = build_hf_model(config)
+    return sum(p.numel() for p in hf.parameters())
+
+
+def assert_same_state_dict(back: dict[str, np.ndarray], state: dict[str, np.ndarray]) -> None:
+    """Assert `back` has exactly the keys of `state` and bit-identical arrays under them."""
+    assert set(back) == set(state)
+    for key, value in state.items():
+        np.testing.assert_array_equal(back[key], value, err_msg=key)

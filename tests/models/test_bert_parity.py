@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_same_state_dict
 
 from ptmjax.models import Bert, BertConfig
 
@@ -95,9 +96,7 @@ def test_conversion_round_trip_is_identity(name):
     config = CONFIGS[name]
     state = {k: v.numpy() for k, v in random_hf_model(config).state_dict().items()}
     back = hf_bert.params_to_hf(hf_bert.hf_to_params(state, config), config)
-    assert set(back) == set(state)
-    for key, value in state.items():
-        np.testing.assert_array_equal(back[key], value, err_msg=key)
+    assert_same_state_dict(back, state)
 
 
 def test_boxed_init_params_export_and_reimport():

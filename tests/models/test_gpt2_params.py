@@ -6,15 +6,12 @@ Regenerate the golden file after an intended change with
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import pathlib
 
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import boxed_param_table
+from conftest import assert_matches_golden, boxed_param_table, count_params, hf_meta_param_count
 
 from ptmjax.models import GPT2, GPT2Config
 
@@ -30,11 +27,7 @@ def _init(config: GPT2Config):
 
 def test_param_tree_matches_golden(gin_config):
     table = boxed_param_table(_init(gin_config("gpt2_tiny", GPT2Config)))
-    golden = TESTDATA / "gpt2_tiny_params.json"
-    if os.environ.get("PTMJAX_UPDATE_GOLDEN") == "1":
-        golden.write_text("[\n" + ",\n".join(json.dumps(row) for row in table) + "\n]\n")
-    assert golden.exists(), f"missing {golden}; create it with PTMJAX_UPDATE_GOLDEN=1"
-    assert table == json.loads(golden.read_text())
+    assert_matches_golden(table, TESTDATA / "gpt2_tiny_params.json")
     for row in table:
         assert len(row["axes"]) == len(row["shape"]) and set(row["axes"]) <= KNOWN_AXES, row
 
@@ -42,14 +35,7 @@ def test_param_tree_matches_golden(gin_config):
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_param_count_matches_hf_and_published(name, gin_config):
     config = gin_config(name, GPT2Config)
-    ours = sum(math.prod(leaf.value.shape) for leaf in jax.tree.leaves(
-        jax.eval_shape(_init(config)), is_leaf=lambda x: hasattr(x, "names")))  # fmt: skip
+    ours = count_params(_init(config))
     print(f"{name}: {ours:,} parameters")
     assert abs(ours - PUBLISHED[name]) / PUBLISHED[name] < 0.01, (name, ours)
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from ptmjax.convert import hf_gpt2
-
-    with torch.device("meta"):
-        hf = hf_gpt2.build_hf_model(config)
-    assert ours == sum(p.numel() for p in hf.parameters()), name
+    assert ours == hf_meta_param_count("hf_gpt2", config), name

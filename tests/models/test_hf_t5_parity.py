@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_same_state_dict
 
 from ptmjax.convert.hf_t5 import build_hf_model, from_hf_config, hf_to_params, params_to_hf, to_hf_config
 from ptmjax.models import EncoderDecoder, T5Config
@@ -83,9 +84,7 @@ def test_conversion_round_trip_is_identity(name):
     config = CONFIGS[name]
     state = {k: v.numpy() for k, v in random_hf_model(config).state_dict().items()}
     back = params_to_hf(hf_to_params(state, config), config)
-    assert set(back) == set(state)
-    for key, value in state.items():
-        np.testing.assert_array_equal(back[key], value, err_msg=key)
+    assert_same_state_dict(back, state)
 
 
 def test_params_to_hf_accepts_boxed_init_params():

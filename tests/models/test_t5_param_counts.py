@@ -6,11 +6,10 @@ with a Hugging Face model of the same config built on the 'meta' device.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import count_params
 
 from ptmjax.models import EncoderDecoder, T5Config
 
@@ -29,16 +28,15 @@ PUBLISHED = {
 }
 
 
-def count_params(config: T5Config) -> int:
+def t5_param_count(config: T5Config) -> int:
     tokens = jnp.ones((1, 1), jnp.int32)
-    shapes = jax.eval_shape(lambda: EncoderDecoder(config).init(jax.random.PRNGKey(0), tokens, tokens))
-    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
+    return count_params(lambda: EncoderDecoder(config).init(jax.random.PRNGKey(0), tokens, tokens))
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_param_count(name, t5_config):
     config = t5_config(name)
-    ours = count_params(config)
+    ours = t5_param_count(config)
     assert abs(ours - PUBLISHED[name]) / PUBLISHED[name] < 0.01, (name, ours)
     try:
         import torch
