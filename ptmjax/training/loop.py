@@ -3,14 +3,15 @@
 `train` is the gin entry point of a run. It saves the resolved config,
 resumes from the newest checkpoint in `model_dir`, shows a progress bar with
 loss and tokens/s, evaluates on the validation split, and saves on SIGTERM.
+Run as several processes (one per host), every process runs it alike; see
+`multihost` for what they agree on and which files only process 0 writes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import itertools
 import os
-import signal
 import time
 from collections.abc import Callable, Mapping
 
@@ -24,6 +25,7 @@ from tqdm.auto import tqdm
 from ptmjax import partitioning
 from ptmjax.checkpoints import Checkpointer
 from ptmjax.data import pipeline
+from ptmjax.training import multihost
 from ptmjax.training.architectures import architecture_of
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
@@ -115,9 +117,13 @@ def train(
     trainer = Trainer(model, optimizer(schedule), schedule, mesh, mesh_config.rules,
                       loss_config, num_microbatches)
     checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), max_to_keep=keep_checkpoints)
-    log = MetricsLog(model_dir)
-    config_path = _save_config(model_dir)
-    print(f"Resolved config saved to {config_path}:\n{gin.operative_config_str()}")
+    primary = multihost.is_primary()
+    log = MetricsLog(model_dir, read_only=not primary)
+    config_path = os.path.join(model_dir, "config.gin")
+    if primary:
+        with open(config_path, "w") as f:
+            f.write(gin.operative_config_str())
+        print(f"Resolved config saved to {config_path}:\n{gin.operative_config_str()}")
 
     if checkpointer.latest_step() is not None:
         state, data_state = checkpointer.restore(trainer.abstract_state, trainer.state_shardings)
@@ -143,10 +149,10 @@ def train(
 
     def evaluate(params) -> dict[str, float]:
         dataset = host_dataset("validation", shuffle=False, num_epochs=1, pad_final_batch=True)
+        shapes = {name: tuple(spec.shape) for name, spec in dataset.element_spec.items()}
+        batches = itertools.islice(dataset.as_numpy_iterator(), eval_batches)
         total = None
-        for i, batch in enumerate(dataset.as_numpy_iterator()):
-            if eval_batches is not None and i >= eval_batches:
-                break
+        for batch in multihost.batches_in_lockstep(batches, shapes):
             stats = trainer.eval_stats(params, partitioning.global_batch(batch, mesh))
             total = stats if total is None else total + stats
         if total is None:
@@ -157,8 +163,8 @@ def train(
     tokens_per_step = None  # the model's input tokens per global batch, read off the first batch
     train_loss, eval_metrics, preempted = None, {}, False
     last_time, last_step = time.perf_counter(), start
-    with _stop_on_sigterm() as stop_requested, tqdm(
-        total=num_steps, initial=start, disable=not show_progress, unit="step", dynamic_ncols=True
+    with multihost.stop_on_sigterm() as stop_after, tqdm(
+        total=num_steps, initial=start, disable=not (show_progress and primary), unit="step", dynamic_ncols=True
     ) as bar:
         for step in range(start, num_steps):
             host_batch = next(train_iter)
@@ -185,9 +191,10 @@ def train(
                 log.plot()
                 bar.write(f"step {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items()))
                 last_time += time.perf_counter() - eval_start  # step times exclude evaluation
-            if done % checkpoint_every == 0 or done == num_steps or stop_requested():
+            stop = stop_after(done)
+            if done % checkpoint_every == 0 or done == num_steps or stop:
                 checkpointer.save(done, state, train_iter.state())
-            if stop_requested():
+            if stop:
                 preempted = True
                 bar.write(f"SIGTERM: saved step {done}; rerun the same command to resume")
                 break
@@ -232,29 +239,3 @@ def _check_vocabulary(model: nn.Module, mixture_or_task_name: str) -> None:
             f"model vocab_size {model_vocab} is smaller than the {vocab_size} ids of "
             f"{mixture_or_task_name!r}'s vocabulary; set {type(model.config).__name__}.vocab_size >= {vocab_size}"
         )
-
-
-def _save_config(model_dir: str) -> str:
-    path = os.path.join(model_dir, "config.gin")
-    with open(path, "w") as f:
-        f.write(gin.operative_config_str())
-    return path
-
-
-@contextlib.contextmanager
-def _stop_on_sigterm():
-    """Yields a function telling whether SIGTERM arrived; restores the handler."""
-    received = []
-
-    def handler(signum, frame):
-        received.append(signum)
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: no handler can be installed
-        yield lambda: False
-        return
-    try:
-        yield lambda: bool(received)
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -14,16 +14,21 @@ class MetricsLog:
 
     Train and eval records share the file; eval keys start with `eval_`.
     Reading the file back on resume keeps the loss curve continuous.
+    With `read_only` (every process but the first of a multi-host run) it
+    reads the files but writes nothing.
     """
 
-    def __init__(self, model_dir: str):
+    def __init__(self, model_dir: str, read_only: bool = False):
         self.model_dir = model_dir
+        self.read_only = read_only
         self.jsonl_path = os.path.join(model_dir, "metrics.jsonl")
         self.png_path = os.path.join(model_dir, "loss_curve.png")
         self._tb_dir = os.path.join(model_dir, "tensorboard")
         self._writer = None
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self.read_only:
+            return
         record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
         with open(self.jsonl_path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -45,12 +50,16 @@ class MetricsLog:
 
     def truncate_after(self, step: int) -> None:
         """Drops records past `step`: a resumed run replays those steps."""
+        if self.read_only:
+            return
         kept = self.records(up_to_step=step)
         with open(self.jsonl_path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
 
     def plot(self) -> str:
-        """Draws train and eval loss against step into loss_curve.png."""
+        """Draws train and eval loss against step into loss_curve.png; returns its path."""
+        if self.read_only:
+            return self.png_path
         import matplotlib
 
         matplotlib.use("Agg")
