@@ -113,6 +113,13 @@ class Checkpointer:
         )
         return restored["state"]["params"]
 
+    def saved_params(self, step: int | None = None) -> Any:
+        """The tree of the saved parameters' metadata (shape, dtype), read from disk; nothing is restored."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        return saved_state_metadata(os.path.join(self.directory, str(step), "state"))["params"]
+
     def wait(self) -> None:
         """Blocks until pending saves are on disk."""
         self._manager.wait_until_finished()
@@ -120,3 +127,10 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def saved_state_metadata(state_dir: str) -> dict[str, Any]:
+    """The saved tree of ArrayMetadata (shape, dtype) of a checkpoint's `state` item, read from disk."""
+    from etils import epath
+
+    return dict(ocp.StandardCheckpointHandler().metadata(epath.Path(state_dir)))

@@ -30,6 +30,7 @@ from flax import linen as nn
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Sharding
 
 from ptmjax import partitioning
+from ptmjax.checkpoints import saved_state_metadata
 from ptmjax.training.trainer import init_params
 
 OPT_STATE = "opt_state"
@@ -279,7 +280,7 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
         mesh_config = dataclasses.replace(mesh_config, rules=tuple(rules))
 
     boxed = jax.eval_shape(functools.partial(init_params, model), jax.random.key(0))
-    on_disk = _checkpoint_metadata(state_dir)
+    on_disk = saved_state_metadata(state_dir)
     params = on_disk["params"]
     _check_same_shapes(nn.unbox(boxed), params, model_dir)
     if num_devices is None:
@@ -306,14 +307,6 @@ def _checkpoint_state_dir(model_dir: str, step: int | None) -> tuple[str, int]:
     if step not in steps:
         raise FileNotFoundError(f"no checkpoint for step {step} under {root}; saved steps: {steps}")
     return os.path.join(root, str(step), "state"), step
-
-
-def _checkpoint_metadata(state_dir: str) -> dict[str, Any]:
-    """The saved tree of ArrayMetadata (shape, dtype) read from disk."""
-    import orbax.checkpoint as ocp
-    from etils import epath
-
-    return dict(ocp.StandardCheckpointHandler().metadata(epath.Path(state_dir)))
 
 
 def model_and_mesh_from_gin(model_dir: str) -> tuple[nn.Module, partitioning.MeshConfig]:

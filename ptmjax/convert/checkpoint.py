@@ -19,6 +19,7 @@ import jax
 from ptmjax.checkpoints import Checkpointer
 from ptmjax.convert import hf
 from ptmjax.inspect import model_and_mesh_from_gin
+from ptmjax.models import layer_stack
 
 
 def model_gin(model: nn.Module) -> str:
@@ -57,4 +58,7 @@ def read_params(model_dir: str, model: nn.Module, step: int | None = None) -> An
 def export_hf(model_dir: str, hf_dir: str, step: int | None = None) -> str:
     """Writes a model folder's checkpoint (default: the newest) as a Hugging Face directory."""
     model, _ = model_and_mesh_from_gin(model_dir)
-    return hf.save(model, read_params(model_dir, model, step), hf_dir)
+    params = read_params(model_dir, model, step)
+    if layer_stack.scanning_config(model):  # Hugging Face's layout is the unscanned one
+        params, model = layer_stack.unscan(params, model.config), layer_stack.with_scan_layers(model, False)
+    return hf.save(model, params, hf_dir)

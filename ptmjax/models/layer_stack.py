@@ -19,9 +19,9 @@ Neither option changes the numbers: logits and gradients equal the plain
 model's. Dropout (and MoE jitter) draws differ, since a scan splits the rngs
 per step instead of per layer name. The default, unscanned layout is the one
 the golden files and Hugging Face converters use; `scan` and `unscan` convert
-a parameter tree between the two layouts (parameters only: Adafactor's
-per-array statistics and update scaling differ between layouts, so a train
-state does not convert exactly).
+a parameter tree between the two layouts. The trainer applies the optimizer
+to the unscanned layout (`training.optimizers.on_unscanned_layout`), so a
+scanned run's updates and optimizer state are the plain run's.
 """
 
 from __future__ import annotations
@@ -139,6 +139,20 @@ def apply_layers(
         length=num_layers // period, metadata_params={nn.PARTITION_NAME: SCANNED},
     )  # fmt: skip
     return scanned(body, x, *args)[0]
+
+
+def scanning_config(model: nn.Module) -> LayerStackConfig | None:
+    """The model's config if it scans its layers, else None."""
+    config = getattr(model, "config", None)
+    return config if isinstance(config, LayerStackConfig) and config.scan_layers else None
+
+
+def with_scan_layers(model: nn.Module, scan_layers: bool) -> nn.Module | None:
+    """The same model with `scan_layers` set (its parameters convert by `scan`/`unscan`), or None without stacks."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, LayerStackConfig):
+        return None
+    return model.clone(config=dataclasses.replace(config, scan_layers=scan_layers))
 
 
 def scan(params: Tree, config: LayerStackConfig) -> dict:

@@ -27,6 +27,7 @@ from ptmjax.checkpoints import Checkpointer
 from ptmjax.data import pipeline
 from ptmjax.training import multihost
 from ptmjax.training.architectures import architecture_of
+from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.optimizers import adafactor
@@ -95,8 +96,9 @@ def train(
       show_progress: draw a progress bar.
       init_checkpoint: a model folder (a run's, or one `ptmjax convert` wrote
         from Hugging Face) whose newest parameters start a fresh run, with a
-        fresh optimizer state: fine-tuning. Ignored when `model_dir` already
-        has a checkpoint to resume.
+        fresh optimizer state: fine-tuning. Saved with or without scanned
+        layers, either fits. Ignored when `model_dir` already has a checkpoint
+        to resume.
     """
     mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
     _check_positive(batch_size=batch_size, num_steps=num_steps, log_every=log_every,
@@ -131,7 +133,7 @@ def train(
     else:
         state, data_state = trainer.init_state(jax.random.key(seed)), {"batches_consumed": 0}
         if init_checkpoint is not None:
-            state = state.replace(params=_initial_params(init_checkpoint, trainer))
+            state = state.replace(params=initial_params(init_checkpoint, trainer))
     start = int(state.step)
     log.truncate_after(start)
 
@@ -210,17 +212,6 @@ def train(
         "loss_curve": log.plot() if log.records() else "",
     }
     return TrainResult(model_dir, final_step, train_loss, eval_metrics, preempted, files)
-
-
-def _initial_params(model_dir: str, trainer: Trainer):
-    """The newest parameters of `model_dir`'s checkpoints, laid out as the trainer's."""
-    checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"))
-    try:
-        params = checkpointer.restore_params(trainer.abstract_state.params, trainer.state_shardings.params)
-        print(f"Initialised the parameters from {checkpointer.directory} (step {checkpointer.latest_step()})")
-    finally:
-        checkpointer.close()
-    return params
 
 
 def _check_positive(**values: int) -> None:

@@ -1,9 +1,11 @@
-"""Optimizers: Adafactor (the T5 default) and AdamW, both from optax."""
+"""Optimizers: Adafactor (the T5 default) and AdamW, both from optax; scanned layers see them unscanned."""
 
 from __future__ import annotations
 
 import gin
 import optax
+
+from ptmjax.models.layer_stack import LayerStackConfig, scan, unscan
 
 
 @gin.configurable
@@ -32,3 +34,23 @@ def adamw(
     if max_grad_norm is None:
         return adam
     return optax.chain(optax.clip_by_global_norm(max_grad_norm), adam)
+
+
+def on_unscanned_layout(tx: optax.GradientTransformation, config: LayerStackConfig) -> optax.GradientTransformation:
+    """`tx` for a model that scans its layers, applied to the unscanned layout of its parameters.
+
+    Per-array rules then see each layer's arrays, as in the plain model:
+    Adafactor's factoring, update clipping and parameter scale would
+    otherwise span all layers of a stacked array. The optimizer state is the
+    plain model's, so scanning changes neither the updates nor the state.
+    """
+
+    def init(params):
+        return tx.init(unscan(params, config))
+
+    def update(updates, state, params=None):
+        plain_params = None if params is None else unscan(params, config)
+        plain_updates, state = tx.update(unscan(updates, config), state, plain_params)
+        return scan(plain_updates, config), state
+
+    return optax.GradientTransformation(init, update)

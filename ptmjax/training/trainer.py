@@ -12,7 +12,8 @@ from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ptmjax import partitioning
-from ptmjax.training import model_losses, steps
+from ptmjax.models import layer_stack
+from ptmjax.training import model_losses, optimizers, steps
 from ptmjax.training.architectures import architecture_of
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.train_state import TrainState
@@ -48,15 +49,18 @@ class Trainer:
         self.replicated = NamedSharding(mesh, PartitionSpec())
         self.batch_sharding = partitioning.batch_sharding(mesh)
 
-        boxed_params = jax.eval_shape(functools.partial(init_params, model), jax.random.key(0))
-        with jax.set_mesh(mesh):
-            param_shardings = partitioning.logical_shardings(boxed_params, mesh, rules)
-        self.logical_axes = nn.get_partition_spec(boxed_params)
-        abstract_params = nn.unbox(boxed_params)
-        abstract_opt_state = jax.eval_shape(tx.init, abstract_params)
+        self.logical_axes, abstract_params, param_shardings = self._abstract_params(model)
+        # The optimizer sees a scanned model's layers unscanned (optimizers.on_unscanned_layout).
+        scanning = layer_stack.scanning_config(model)
+        plain_params, plain_shardings = abstract_params, param_shardings
+        if scanning:
+            _, plain_params, plain_shardings = self._abstract_params(layer_stack.with_scan_layers(model, False))
+        abstract_opt_state = jax.eval_shape(tx.init, plain_params)
         opt_shardings = partitioning.optimizer_state_shardings(
-            tx, abstract_opt_state, abstract_params, param_shardings, mesh
+            tx, abstract_opt_state, plain_params, plain_shardings, mesh
         )
+        if scanning:
+            self.tx = tx = optimizers.on_unscanned_layout(tx, scanning)
         self.state_shardings = TrainState(
             step=self.replicated, params=param_shardings, opt_state=opt_shardings
         )
@@ -78,6 +82,13 @@ class Trainer:
             in_shardings=(param_shardings, self.batch_sharding),
             out_shardings=self.replicated,
         )
+
+    def _abstract_params(self, model: nn.Module) -> tuple[Any, Any, Any]:
+        """The model's logical axes, abstract parameters and parameter shardings."""
+        boxed_params = jax.eval_shape(functools.partial(init_params, model), jax.random.key(0))
+        with jax.set_mesh(self.mesh):
+            shardings = partitioning.logical_shardings(boxed_params, self.mesh, self.rules)
+        return nn.get_partition_spec(boxed_params), nn.unbox(boxed_params), shardings
 
     def init_state(self, rng: jax.Array) -> TrainState:
         """A fresh state, created directly in its sharded layout."""
