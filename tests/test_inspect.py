@@ -1,11 +1,10 @@
 """Parameter/sharding tables: bytes against hand counts and real shards, checkpoints unrestored, CLI."""
 
 import dataclasses
+import json
 import math
 import os
 import pathlib
-import runpy
-import sys
 
 import jax
 import numpy as np
@@ -25,8 +24,8 @@ CONFIG = T5Config(
     vocab_size=128, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=1,
     num_decoder_layers=1, ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0,
 )
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / (
-    "experiments/inspect_sharded_checkpoint/inspect_sharded_checkpoint.py"
+NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / (
+    "experiments/inspect_sharded_checkpoint/inspect_sharded_checkpoint.ipynb"
 )
 
 
@@ -155,10 +154,14 @@ def test_html_for_notebooks(fsdp8):
     assert "P(&#x27;tensor&#x27;, &#x27;fsdp&#x27;)" in html
 
 
-def test_experiment_script_runs_top_to_bottom(tmp_path, monkeypatch, capsys):
+def test_example_notebook_runs_top_to_bottom(tmp_path, monkeypatch, capsys):
+    """Its code cells run in order, as a script, on this session's 8 devices."""
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # restored afterwards
-    monkeypatch.setattr(sys, "argv", [str(SCRIPT), str(tmp_path / "run")])
-    runpy.run_path(str(SCRIPT), run_name="__main__")
+    monkeypatch.setenv("PTMJAX_RUN_DIR", str(tmp_path / "run"))
+    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    namespace = {}
+    exec(compile("\n\n".join(cells), str(NOTEBOOK), "exec"), namespace)  # noqa: S102 - the repository's notebook
+    assert "<table" in namespace["live"]._repr_html_()  # what the notebook shows for the restored arrays
     out = capsys.readouterr().out
     assert "predicted fsdp=8 layout equals the restored arrays' actual layout" in out
     assert "fsdp=64" in out
