@@ -62,6 +62,11 @@ def _add_compile_parser(commands: argparse._SubParsersAction) -> None:
     compile_.add_argument("--gin_file", action="append", required=True, help="as for train (repeatable)")
     compile_.add_argument("--gin_bindings", action="append", default=[], help="as for train (repeatable)")
     compile_.add_argument("--num_cpu_devices", type=int, default=None, help="with --topology=cpu: emulate this many")
+    compile_.add_argument(
+        "--num_slices", type=int, default=1,
+        help="a multi-slice job of this many copies of --topology joined by DCN; bind MeshConfig.dcn_data or "
+        "dcn_fsdp to spread the mesh over them",
+    )
 
 
 def _add_convert_parser(commands: argparse._SubParsersAction) -> None:

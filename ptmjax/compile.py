@@ -107,10 +107,18 @@ class Topology:
         return self.devices[0].device_kind
 
 
-def get_topology(name: str) -> Topology:
-    """'v5p:4x4x8' (generation:chips per dimension) or 'cpu' (this host's CPU devices)."""
+def get_topology(name: str, num_slices: int = 1) -> Topology:
+    """'v5p:4x4x8' (generation:chips per dimension) or 'cpu' (this host's CPU devices).
+
+    num_slices: a multi-slice TPU job of that many copies of the topology, joined by
+    DCN; its devices carry their `slice_index`.
+    """
     if name == CPU_TOPOLOGY:
+        if num_slices != 1:
+            raise ValueError(f"num_slices={num_slices} needs a TPU topology, not {CPU_TOPOLOGY!r}")
         return Topology(name, tuple(jax.devices("cpu")), None)
+    if num_slices < 1:
+        raise ValueError(f"num_slices={num_slices} must be at least 1")
     generation, _, shape = name.partition(":")
     if generation not in CHIP_HBM_BYTES or not re.fullmatch(r"\d+(x\d+){1,2}", shape):
         raise ValueError(
@@ -124,9 +132,12 @@ def get_topology(name: str) -> Topology:
     from jax.experimental import topologies
 
     chip_config = {"chip_config_name": "megacore"} if generation in MEGACORE else {}
-    devices = topologies.get_topology_desc(topology_name=name, platform="tpu", **chip_config).devices
-    chips = math.prod(int(n) for n in shape.split("x"))
-    return Topology(name, tuple(devices), CHIP_HBM_BYTES[generation] * chips // len(devices))
+    devices = topologies.get_topology_desc(
+        topology_name=name, platform="tpu", num_slices=num_slices, **chip_config
+    ).devices
+    chips = math.prod(int(n) for n in shape.split("x")) * num_slices
+    label = name if num_slices == 1 else f"{num_slices} slices of {name}"
+    return Topology(label, tuple(devices), CHIP_HBM_BYTES[generation] * chips // len(devices))
 
 
 def _require_libtpu(topology: str) -> None:
@@ -326,7 +337,7 @@ def main(args: argparse.Namespace) -> int:
     from ptmjax.cli import parse_gin
 
     try:
-        topology = get_topology(args.topology)
+        topology = get_topology(args.topology, args.num_slices)
     except LibtpuMissingError as error:
         raise SystemExit(f"ptmjax compile: {error}") from None
     parse_gin(args.gin_file, args.gin_bindings)

@@ -67,6 +67,11 @@ class MeshConfig:
       tensor: tensor (model) parallelism over heads, mlp and vocab.
       expert: expert parallelism for Mixture-of-Experts layers.
       rules: logical-axis rules; each maps a logical name to mesh axes.
+      dcn_data, dcn_fsdp: for a multi-slice TPU job, how many slices the data
+        and the fsdp axis span (the slices are joined by the slower
+        data-center network, DCN). Their product is the number of slices; the
+        axes sizes above stay global, and every other axis stays within a
+        slice, on the fast ICI links.
     """
 
     data: int = -1
@@ -74,6 +79,16 @@ class MeshConfig:
     tensor: int = 1
     expert: int = 1
     rules: Rules = DEFAULT_RULES
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
+
+    def dcn_sizes(self) -> dict[str, int]:
+        """How many slices each mesh axis spans (1 for the axes that stay within a slice)."""
+        sizes = {axis: getattr(self, f"dcn_{axis}", 1) for axis in MESH_AXES}
+        bad = {f"dcn_{a}": s for a, s in sizes.items() if not isinstance(s, int) or s < 1}
+        if bad:
+            raise ValueError(f"MeshConfig {bad}: the number of slices an axis spans must be an int >= 1")
+        return sizes
 
     def axis_sizes(self, num_devices: int) -> dict[str, int]:
         """Resolves -1 against `num_devices` and checks the product."""
@@ -161,15 +176,37 @@ def initialize_distributed(
 def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """Builds the named mesh (data, fsdp, tensor, expert) over `devices`."""
     devices = list(jax.devices() if devices is None else devices)
-    sizes = config.axis_sizes(len(devices))
     validate_rules(config.rules)
+    return Mesh(device_grid(config, devices), MESH_AXES)
+
+
+def device_grid(config: MeshConfig, devices: Sequence[Any]) -> np.ndarray:
+    """The devices arranged as the mesh [data, fsdp, tensor, expert], topology-aware where JAX knows how.
+
+    Across the slices of a multi-slice TPU job, the grid is one block per slice
+    along the axes with `dcn_*` > 1 (mesh_utils.create_hybrid_device_mesh).
+    """
+    sizes = config.axis_sizes(len(devices))
     shape = tuple(sizes[a] for a in MESH_AXES)
+    dcn = config.dcn_sizes()
+    slices = {getattr(d, "slice_index", 0) for d in devices}
+    if math.prod(dcn.values()) != len(slices):
+        raise ValueError(
+            f"the devices span {len(slices)} slice(s) but MeshConfig spreads the mesh over "
+            f"{math.prod(dcn.values())} (dcn_data={config.dcn_data} x dcn_fsdp={config.dcn_fsdp}); "
+            f"set MeshConfig.dcn_data (data parallel across slices) or dcn_fsdp so that they multiply to {len(slices)}"
+        )
+    if len(slices) > 1:
+        indivisible = {a: (sizes[a], dcn[a]) for a in MESH_AXES if sizes[a] % dcn[a]}
+        if indivisible:
+            raise ValueError(f"mesh axes {indivisible} (size, slices) do not divide over their slices")
+        within_slice = tuple(sizes[a] // dcn[a] for a in MESH_AXES)
+        return mesh_utils.create_hybrid_device_mesh(within_slice, tuple(dcn[a] for a in MESH_AXES), devices)
     try:
-        grid = mesh_utils.create_device_mesh(shape, devices)
+        return mesh_utils.create_device_mesh(shape, devices)
     except (AssertionError, NotImplementedError, ValueError):
         # Non-TPU or unusual topologies: a plain row-major layout.
-        grid = np.asarray(devices).reshape(shape)
-    return Mesh(grid, MESH_AXES)
+        return np.asarray(devices).reshape(shape)
 
 
 def validate_rules(rules: Rules) -> None:

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from ptmjax import cli
+from ptmjax import cli, partitioning
 from ptmjax import compile as aot
 
 TINY = [
@@ -112,3 +112,22 @@ def test_tiny_t5_compiles_for_a_tpu_topology():
     step = aot.compile_train_step(huge, aot.get_topology("v5e:2x2"))
     report = step.report
     assert step.compiled is None and report.fits is False and "RESOURCE_EXHAUSTED" in report.compiler_error
+
+
+@pytest.mark.slow
+def test_tiny_t5_compiles_for_two_slices_with_data_parallelism_over_dcn():
+    pytest.importorskip("libtpu")
+    bindings = [*TINY_BINDINGS, "MeshConfig.data = 2", "MeshConfig.dcn_data = 2"]
+    spec = spec_from(["models/t5_1_1_tiny.gin", "runs/pretrain.gin", "mesh/fsdp.gin"], bindings)
+    topology = aot.get_topology("v5e:2x2", num_slices=2)
+    mesh = partitioning.make_mesh(spec.mesh_config, topology.devices)
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1, "expert": 1}
+    slices = np.vectorize(lambda device: device.slice_index)(mesh.devices)
+    np.testing.assert_array_equal(slices, np.broadcast_to(np.arange(2)[:, None, None, None], slices.shape))
+    report = aot.compile_train_step(spec, topology).report
+    assert report.topology == "2 slices of v5e:2x2" and report.num_devices == 8
+    assert report.hbm_per_device == 16 * 2**30 and report.fits is True
+
+    one_slice_mesh = dataclasses.replace(spec, mesh_config=dataclasses.replace(spec.mesh_config, dcn_data=1))
+    with pytest.raises(ValueError, match=r"span 2 slice\(s\) .* set MeshConfig.dcn_data"):
+        aot.compile_train_step(one_slice_mesh, topology)

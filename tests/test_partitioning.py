@@ -1,6 +1,9 @@
 """Mesh construction and rule validation."""
 
+from types import SimpleNamespace
+
 import jax
+import numpy as np
 import pytest
 
 from ptmjax import partitioning
@@ -37,3 +40,36 @@ def test_unknown_mesh_axis_in_rule_names_it_and_the_known_axes():
     known = "known: data, fsdp, tensor, expert"
     with pytest.raises(ValueError, match=rf"unknown mesh axis 'modle' in rule for 'mlp'; {known}"):
         partitioning.make_mesh(MeshConfig(rules=rules))
+
+
+def fake_devices(slices: int, per_slice: int) -> list[SimpleNamespace]:
+    """Devices of a multi-slice job as JAX lists them: slice by slice, each with its slice_index."""
+    return [SimpleNamespace(id=i, slice_index=i // per_slice, platform="cpu", device_kind="fake", process_index=0)
+            for i in range(slices * per_slice)]
+
+
+def slice_of(grid: np.ndarray) -> np.ndarray:
+    return np.vectorize(lambda device: device.slice_index, otypes=[int])(grid)
+
+
+def test_multi_slice_grids_span_slices_only_along_dcn_axes():
+    devices = fake_devices(slices=2, per_slice=8)
+    grid = partitioning.device_grid(MeshConfig(data=-1, fsdp=4, tensor=2, dcn_data=2), devices)
+    assert grid.shape == (2, 4, 2, 1)
+    np.testing.assert_array_equal(slice_of(grid), np.broadcast_to(np.arange(2)[:, None, None, None], grid.shape))
+
+    grid = partitioning.device_grid(MeshConfig(data=1, fsdp=-1, tensor=2, dcn_fsdp=2), devices)
+    assert grid.shape == (1, 8, 2, 1)  # fsdp 8 = 4 within each slice x 2 slices
+    np.testing.assert_array_equal(slice_of(grid), np.broadcast_to((np.arange(8) // 4)[None, :, None, None], grid.shape))
+    assert sorted(d.id for d in grid.flat) == list(range(16))
+
+
+def test_slices_and_dcn_settings_must_agree():
+    with pytest.raises(ValueError, match=r"span 2 slice\(s\) but .* over 1 .*set MeshConfig.dcn_data"):
+        partitioning.device_grid(MeshConfig(), fake_devices(2, 4))
+    with pytest.raises(ValueError, match=r"span 1 slice\(s\)"):  # the emulated CPU devices are one slice
+        partitioning.make_mesh(MeshConfig(dcn_data=2))
+    with pytest.raises(ValueError, match=r"\{'data': \(1, 2\)\} \(size, slices\) do not divide"):
+        partitioning.device_grid(MeshConfig(data=1, fsdp=-1, dcn_data=2), fake_devices(2, 4))
+    with pytest.raises(ValueError, match="dcn_fsdp"):
+        partitioning.device_grid(MeshConfig(dcn_fsdp=0), fake_devices(1, 4))
