@@ -201,7 +201,9 @@ def device_grid(config: MeshConfig, devices: Sequence[Any]) -> np.ndarray:
         if indivisible:
             raise ValueError(f"mesh axes {indivisible} (size, slices) do not divide over their slices")
         within_slice = tuple(sizes[a] // dcn[a] for a in MESH_AXES)
-        return mesh_utils.create_hybrid_device_mesh(within_slice, tuple(dcn[a] for a in MESH_AXES), devices)
+        return mesh_utils.create_hybrid_device_mesh(
+            within_slice, tuple(dcn[a] for a in MESH_AXES), devices, allow_split_physical_axes=True
+        )
     try:
         return mesh_utils.create_device_mesh(shape, devices)
     except (AssertionError, NotImplementedError, ValueError):
