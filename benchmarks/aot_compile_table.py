@@ -44,13 +44,14 @@ BF16_REMAT = ("T5Config.dtype = 'bfloat16'", "T5Config.remat_policy = 'full'")
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One compile: a model file, a topology, a mesh file and extra gin bindings."""
+    """One compile: a model file, a topology (times num_slices), a mesh file and extra gin bindings."""
 
     name: str
     model: str
     topology: str
     mesh: str
     bindings: tuple[str, ...] = ()
+    num_slices: int = 1
 
     @property
     def gin_files(self) -> list[str]:
@@ -59,6 +60,7 @@ class Row:
     @property
     def command(self) -> str:
         words = ["ptmjax", "compile", f"--topology={self.topology}"]
+        words += [f"--num_slices={self.num_slices}"] if self.num_slices > 1 else []
         words += [f"--gin_file={f}" for f in self.gin_files] + [f'--gin_bindings="{b}"' for b in self.bindings]
         return " ".join(words)
 
@@ -73,6 +75,9 @@ def _rows() -> list[Row]:
         Row("t5_11B_v4_dp", "t5_1_1_11B", "v4:4x4x8", "dp", BF16_REMAT),
         Row("t5_11B_v4", "t5_1_1_11B", "v4:4x4x8", "fsdp", BF16_REMAT),
         Row("t5_11B_v5e", "t5_1_1_11B", "v5e:16x16", "fsdp_tp", BF16_REMAT),
+        # Two slices joined by DCN, data parallel across them, twice the batch (weak scaling).
+        Row("t5_11B_2x_v5e", "t5_1_1_11B", "v5e:16x16", "fsdp_tp",
+            (*BF16_REMAT, "MeshConfig.data = 2", "MeshConfig.dcn_data = 2", "train.batch_size = 256"), num_slices=2),
         Row("switch_base_16_v4", "switch_base_16", "v4:4x4x8", "fsdp", ("MeshConfig.expert = 16",)),
         Row("switch_base_16_v5e", "switch_base_16", "v5e:16x16", "fsdp_tp", ("MeshConfig.expert = 16",)),
     ]
@@ -88,7 +93,7 @@ def compile_row(row: Row) -> dict:
     cli.parse_gin(row.gin_files, row.bindings)
     spec = aot.TrainSpec.from_gin()
     gin.clear_config()
-    step = aot.compile_train_step(spec, aot.get_topology(row.topology))
+    step = aot.compile_train_step(spec, aot.get_topology(row.topology, row.num_slices))
     report = step.report
     record = {
         "command": row.command,
@@ -125,7 +130,7 @@ def _markdown(results: dict[str, dict]) -> str:
             continue
         m = r["memory"]
         mesh = "/".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor", "expert"))
-        options = ", ".join(b.split(".", 1)[1] for b in row.bindings if b.startswith("T5Config")) or "-"
+        options = ", ".join(b.split(".", 1)[1] for b in row.bindings if not b.startswith("MeshConfig.expert")) or "-"
         if m is None:
             memory = ["-"] * 4 + [f"out of memory: {r['compiler_error']}"]
         else:
