@@ -31,6 +31,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Shard
 
 from ptmjax import partitioning
 from ptmjax.checkpoints import saved_state_metadata
+from ptmjax.models import layer_stack
 from ptmjax.training.trainer import init_params
 
 OPT_STATE = "opt_state"
@@ -201,7 +202,7 @@ def make_row(path: str, module: str, shape: tuple[int, ...], dtype: Any,
 
 
 def inspect_arrays(params: Any, logical_axes: Any = None, opt_state: Any = None,
-                   title: str = "parameters") -> ShardingTable:
+                   title: str = "parameters", opt_state_mirrors: tuple[Any, Any] | None = None) -> ShardingTable:
     """The table of live arrays, with the sharding each one actually has.
 
     Args:
@@ -210,9 +211,12 @@ def inspect_arrays(params: Any, logical_axes: Any = None, opt_state: Any = None,
         names per parameter (e.g. `Trainer.logical_axes`), or None.
       opt_state: optionally the optimizer state; its leaves get rows under
         'opt_state', with the logical axes of the parameter they mirror.
+      opt_state_mirrors: (parameters, logical axes) that the optimizer state
+        mirrors, if not `params` itself: `Trainer.optimizer_view` (a scanned
+        model's optimizer sees its layers unscanned).
     """
     names = _logical_by_path(params, logical_axes)
-    shapes = _shapes(params)
+    mirrors = _mirror_table(params, names, opt_state_mirrors)
     leaves = _leaves(params) + [(f"{OPT_STATE}/{p}", v) for p, v in _leaves(opt_state)]
     rows, mesh_shape = [], None
     for path, value in leaves:
@@ -223,14 +227,14 @@ def inspect_arrays(params: Any, logical_axes: Any = None, opt_state: Any = None,
             )
         if isinstance(value.sharding, NamedSharding) and mesh_shape is None:
             mesh_shape = dict(value.sharding.mesh.shape)
-        axes = _mirrored_axes(path, value.shape, names, shapes)
+        axes = _mirrored_axes(path, value.shape, names, mirrors)
         rows.append(make_row(path, _module(path), value.shape, value.dtype, axes, value.sharding))
     return ShardingTable(tuple(rows), mesh_shape or {"devices": len(jax.devices())}, title)
 
 
 def inspect_layout(abstract_params: Any, logical_axes: Any, mesh: Mesh | AbstractMesh,
                    rules: partitioning.Rules, abstract_opt_state: Any = None,
-                   title: str = "parameters") -> ShardingTable:
+                   title: str = "parameters", opt_state_mirrors: tuple[Any, Any] | None = None) -> ShardingTable:
     """The table of the layout `rules` give shapes on `mesh`; nothing is allocated.
 
     Arguments are like `inspect_arrays`, with ShapeDtypeStructs (or anything
@@ -240,10 +244,10 @@ def inspect_layout(abstract_params: Any, logical_axes: Any, mesh: Mesh | Abstrac
     """
     partitioning.validate_rules(rules)
     names = _logical_by_path(abstract_params, logical_axes)
-    rows, shapes = [], _shapes(abstract_params)
+    rows, mirrors = [], _mirror_table(abstract_params, names, opt_state_mirrors)
     leaves = _leaves(abstract_params) + [(f"{OPT_STATE}/{p}", v) for p, v in _leaves(abstract_opt_state)]
     for path, value in leaves:
-        axes = _mirrored_axes(path, tuple(value.shape), names, shapes)
+        axes = _mirrored_axes(path, tuple(value.shape), names, mirrors)
         spec = nn.logical_to_mesh_axes(axes, rules) if axes is not None else PartitionSpec()
         sharding = NamedSharding(mesh, spec)
         rows.append(make_row(path, _module(path), tuple(value.shape), value.dtype, axes, sharding))
@@ -280,6 +284,11 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
         mesh_config = dataclasses.replace(mesh_config, rules=tuple(rules))
 
     boxed = jax.eval_shape(functools.partial(init_params, model), jax.random.key(0))
+    mirrors = None  # a scanned model's optimizer state mirrors its unscanned twin's parameters
+    if layer_stack.scanning_config(model):
+        plain = jax.eval_shape(functools.partial(init_params, layer_stack.with_scan_layers(model, False)),
+                               jax.random.key(0))
+        mirrors = (nn.unbox(plain), nn.get_partition_spec(plain))
     on_disk = saved_state_metadata(state_dir)
     params = on_disk["params"]
     _check_same_shapes(nn.unbox(boxed), params, model_dir)
@@ -291,7 +300,7 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
     return inspect_layout(
         params, nn.get_partition_spec(boxed), mesh, mesh_config.rules,
         on_disk.get(OPT_STATE) if include_opt_state else None,
-        title=f"{os.path.basename(os.path.abspath(model_dir))} step {step}",
+        title=f"{os.path.basename(os.path.abspath(model_dir))} step {step}", opt_state_mirrors=mirrors,
     )
 
 
@@ -388,8 +397,16 @@ def _logical_by_path(params: Any, logical_axes: Any) -> dict[str, tuple[str | No
     return names
 
 
+def _mirror_table(params: Any, names: Mapping[str, tuple[str | None, ...]],
+                  opt_state_mirrors: tuple[Any, Any] | None) -> dict[str, tuple[tuple[int, ...], tuple]]:
+    """Path -> (shape, logical names) of the parameters that optimizer-state leaves may mirror."""
+    if opt_state_mirrors is not None:
+        params, names = opt_state_mirrors[0], _logical_by_path(*opt_state_mirrors)
+    return {path: (shape, names[path]) for path, shape in _shapes(params).items() if path in names}
+
+
 def _mirrored_axes(path: str, shape: tuple[int, ...], names: Mapping[str, tuple[str | None, ...]],
-                   shapes: Mapping[str, tuple[int, ...]]) -> tuple[str | None, ...] | None:
+                   mirrors: Mapping[str, tuple[tuple[int, ...], tuple]]) -> tuple[str | None, ...] | None:
     """A parameter's names; an optimizer leaf gets those of the parameter it mirrors.
 
     An optimizer leaf mirrors a parameter when its path ends with the
@@ -398,7 +415,7 @@ def _mirrored_axes(path: str, shape: tuple[int, ...], names: Mapping[str, tuple[
     """
     if not path.startswith(OPT_STATE + "/"):
         return names.get(path)
-    for param_path, axes in names.items():
-        if path.endswith("/" + param_path) and shapes.get(param_path) == tuple(shape):
+    for param_path, (param_shape, axes) in mirrors.items():
+        if path.endswith("/" + param_path) and param_shape == tuple(shape):
             return axes
     return None

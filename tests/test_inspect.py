@@ -29,10 +29,22 @@ NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / (
 )
 
 
-def make_trainer(mesh_config: MeshConfig) -> Trainer:
+def make_trainer(mesh_config: MeshConfig, config: T5Config = CONFIG) -> Trainer:
     schedule = warmup_cosine(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10)
-    return Trainer(EncoderDecoder(CONFIG), adamw(schedule), schedule,
+    return Trainer(EncoderDecoder(config), adamw(schedule), schedule,
                    partitioning.make_mesh(mesh_config), mesh_config.rules)
+
+
+def write_run(model_dir, config: T5Config, state) -> str:
+    """A run folder as `ptmjax train` leaves it: config.gin (saved on fsdp=8) and a checkpoint at step 3."""
+    lines = ["train.model = @EncoderDecoder()", "EncoderDecoder.config = @T5Config()",
+             "train.mesh_config = @MeshConfig()", "MeshConfig.data = 1", "MeshConfig.fsdp = 8"]
+    lines += [f"T5Config.{k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
+    (model_dir / "config.gin").write_text("\n".join(lines) + "\n")
+    checkpointer = Checkpointer(str(model_dir / "checkpoints"))
+    checkpointer.save(3, state, {"batches_consumed": 3})
+    checkpointer.close()
+    return str(model_dir)
 
 
 def leaves_by_path(tree):
@@ -49,16 +61,7 @@ def fsdp8():
 @pytest.fixture(scope="module")
 def run_dir(fsdp8, tmp_path_factory):
     """A run folder as `ptmjax train` leaves it: config.gin and a checkpoint saved on fsdp=8."""
-    trainer, state = fsdp8
-    model_dir = tmp_path_factory.mktemp("run")
-    lines = ["train.model = @EncoderDecoder()", "EncoderDecoder.config = @T5Config()",
-             "train.mesh_config = @MeshConfig()", "MeshConfig.data = 1", "MeshConfig.fsdp = 8"]
-    lines += [f"T5Config.{k} = {v!r}" for k, v in dataclasses.asdict(CONFIG).items()]
-    (model_dir / "config.gin").write_text("\n".join(lines) + "\n")
-    checkpointer = Checkpointer(str(model_dir / "checkpoints"))
-    checkpointer.save(3, state, {"batches_consumed": 3})
-    checkpointer.close()
-    return str(model_dir)
+    return write_run(tmp_path_factory.mktemp("run"), CONFIG, fsdp8[1])
 
 
 def test_live_bytes_and_specs_are_those_of_the_real_shards(fsdp8):
@@ -123,6 +126,20 @@ def test_checkpoint_layout_on_another_mesh_equals_the_restored_arrays(run_dir):
     predicted = inspect_checkpoint(run_dir, {"data": 2, "fsdp": 2, "tensor": 2}, include_opt_state=True)
     assert predicted.rows == actual.rows
     assert predicted.mesh_shape == actual.mesh_shape == {"data": 2, "fsdp": 2, "tensor": 2, "expert": 1}
+
+
+def test_a_scanned_runs_optimizer_rows_mirror_its_unscanned_layers(tmp_path):
+    """The optimizer sees scanned layers unscanned, so its state mirrors the unscanned parameters."""
+    scanned = dataclasses.replace(CONFIG, scan_layers=True)
+    trainer = make_trainer(MeshConfig(data=2, fsdp=2, tensor=2), scanned)
+    state = trainer.init_state(jax.random.key(0))
+    live = inspect_arrays(state.params, trainer.logical_axes, state.opt_state, opt_state_mirrors=trainer.optimizer_view)
+    predicted = inspect_checkpoint(write_run(tmp_path, scanned, state), {"data": 2, "fsdp": 2, "tensor": 2},
+                                   include_opt_state=True)
+    assert predicted.rows == live.rows
+    assert live.row("encoder/layers/mlp/wi/kernel").logical_axes == ("layers", "embed", "mlp")
+    mu = live.row("opt_state/1/0/mu/encoder/layers_0/mlp/wi/kernel")
+    assert mu.logical_axes == ("embed", "mlp") and mu.spec == P("fsdp", "tensor")
 
 
 def test_cli_prints_the_table_and_totals(run_dir, capsys):

@@ -52,9 +52,13 @@ class Trainer:
         self.logical_axes, abstract_params, param_shardings = self._abstract_params(model)
         # The optimizer sees a scanned model's layers unscanned (optimizers.on_unscanned_layout).
         scanning = layer_stack.scanning_config(model)
-        plain_params, plain_shardings = abstract_params, param_shardings
+        plain_axes, plain_params, plain_shardings = self.logical_axes, abstract_params, param_shardings
         if scanning:
-            _, plain_params, plain_shardings = self._abstract_params(layer_stack.with_scan_layers(model, False))
+            plain_axes, plain_params, plain_shardings = self._abstract_params(
+                layer_stack.with_scan_layers(model, False)
+            )
+        # What the optimizer state's leaves mirror: abstract parameters and their logical axes.
+        self.optimizer_view = (plain_params, plain_axes)
         abstract_opt_state = jax.eval_shape(tx.init, plain_params)
         opt_shardings = partitioning.optimizer_state_shardings(
             tx, abstract_opt_state, plain_params, plain_shardings, mesh
