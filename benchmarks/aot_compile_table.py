@@ -1,4 +1,4 @@
-"""Regenerates the table in docs/aot_compile.md: T5 training steps compiled for TPU topologies on this host.
+"""Regenerates the tables in docs/aot_compile.md: T5 training steps compiled for TPU topologies on this host.
 
     pip install -e '.[tpu]'                                    # libtpu, the TPU compiler
     python benchmarks/aot_compile_table.py                     # every row (hours on 2 cores)
@@ -6,8 +6,9 @@
 
 Each row is what its `ptmjax compile` command (listed under the table) compiles:
 the Trainer's train step from the same gin files, for the topology. Results
-go to docs/aot_compile.json, one entry per row, and the table between the
-markers in docs/aot_compile.md is rebuilt from all entries. Asserts nothing.
+go to docs/aot_compile.json, one entry per row, and each table between its
+markers in docs/aot_compile.md is rebuilt from all entries: the model/topology
+table and the remat/scan table. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from ptmjax import compile as aot  # noqa: E402
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 RESULTS = DOCS / "aot_compile.json"
 TABLE = DOCS / "aot_compile.md"
-BEGIN, END = "<!-- table: benchmarks/aot_compile_table.py -->", "<!-- end of table -->"
+END = "<!-- end of table -->"
+BEGIN = {"models": "<!-- table: benchmarks/aot_compile_table.py -->",
+         "remat_scan": "<!-- table: benchmarks/aot_compile_table.py remat_scan -->"}
 RUN = "runs/pretrain.gin"  # T5's pre-training setting: batch 128, inputs 512, targets 114, Adafactor
 BF16_REMAT = ("T5Config.dtype = 'bfloat16'", "T5Config.remat_policy = 'full'")
 
@@ -52,6 +55,7 @@ class Row:
     mesh: str
     bindings: tuple[str, ...] = ()
     num_slices: int = 1
+    table: str = "models"  # which table of docs/aot_compile.md (a key of BEGIN)
 
     @property
     def gin_files(self) -> list[str]:
@@ -81,6 +85,11 @@ def _rows() -> list[Row]:
         Row("switch_base_16_v4", "switch_base_16", "v4:4x4x8", "fsdp", ("MeshConfig.expert = 16",)),
         Row("switch_base_16_v5e", "switch_base_16", "v5e:16x16", "fsdp_tp", ("MeshConfig.expert = 16",)),
     ]
+    for policy in ("none", "save_dot_products", "full"):  # T5 large, batch 32 on 4 v5e chips
+        for scan in (False, True):
+            options = (f"T5Config.remat_policy = '{policy}'", f"T5Config.scan_layers = {scan}", "train.batch_size = 32")
+            name = f"t5_large_v5e_2x2_{policy}" + ("_scan" if scan else "")
+            rows.append(Row(name, "t5_1_1_large", "v5e:2x2", "fsdp", options, table="remat_scan"))
     return rows
 
 
@@ -118,7 +127,7 @@ def _gib(num: int | None) -> str:
     return "-" if num is None else f"{num / 2**30:.2f}"
 
 
-def _markdown(results: dict[str, dict]) -> str:
+def _markdown(results: dict[str, dict], table: str) -> str:
     head = ("| row | model (params) | topology | mesh data/fsdp/tensor/expert | options | arguments | "
             "temporaries | outputs (not aliased) | code | total / HBM per device (GiB) | fits | "
             "XLA FLOPs | model FLOPs | XLA / model | compile (s) |")
@@ -126,7 +135,7 @@ def _markdown(results: dict[str, dict]) -> str:
     commands = []
     for row in ROWS:
         r = results.get(row.name)
-        if r is None:
+        if r is None or row.table != table:
             continue
         m = r["memory"]
         mesh = "/".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor", "expert"))
@@ -147,12 +156,14 @@ def _markdown(results: dict[str, dict]) -> str:
 
 
 def render() -> None:
-    """Rewrites the table between the markers of docs/aot_compile.md from docs/aot_compile.json."""
+    """Rewrites each table between its markers in docs/aot_compile.md from docs/aot_compile.json."""
     results = json.loads(RESULTS.read_text())
     text = TABLE.read_text()
-    before, _, rest = text.partition(BEGIN)
-    _, _, after = rest.partition(END)
-    TABLE.write_text(f"{before}{BEGIN}\n{_markdown(results)}\n{END}{after}")
+    for table, begin in BEGIN.items():
+        before, _, rest = text.partition(begin + "\n")
+        _, _, after = rest.partition(END)
+        text = f"{before}{begin}\n{_markdown(results, table)}\n{END}{after}"
+    TABLE.write_text(text)
 
 
 def main() -> None:
