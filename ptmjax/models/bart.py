@@ -41,6 +41,7 @@ from ptmjax.models.attention import (
     mask_to_bias,
 )
 from ptmjax.models.config_checks import check_common, check_heads_divide, check_positive_ints
+from ptmjax.models.layer_stack import check_remat_policy, rematerialised
 from ptmjax.models.layers import Embed
 from ptmjax.models.mlp import MlpBlock
 from ptmjax.models.norms import LayerNorm
@@ -69,6 +70,8 @@ class BartConfig:
       attention_dropout_rate: attention probabilities (HF attention_dropout);
       activation_dropout_rate: after the feed-forward activation (HF activation_dropout).
     activation: 'gelu_exact' (erf, HF 'gelu') or 'gelu' (tanh, HF 'gelu_new'), 'relu', 'silu'.
+    remat_policy: what the backward pass recomputes of each layer ('none', 'full',
+      'save_dot_products'; see layer_stack.py).
     """
 
     vocab_size: int
@@ -88,6 +91,7 @@ class BartConfig:
     layer_norm_epsilon: float = 1e-5
     dtype: str = "float32"
     param_dtype: str = "float32"
+    remat_policy: str = "none"
 
     def __post_init__(self) -> None:
         check_positive_ints(
@@ -96,6 +100,7 @@ class BartConfig:
         )  # fmt: skip
         check_heads_divide(self)
         check_common(self, "dropout_rate", "attention_dropout_rate", "activation_dropout_rate")
+        check_remat_policy(self)
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(
                 f"BartConfig.pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size}); "
@@ -187,8 +192,9 @@ class BartStack(nn.Module):
         x = LayerNorm(c.layer_norm_epsilon, name="embedding_layer_norm", **dtype_kwargs(c))(x)
         x = nn.with_logical_constraint(nn.Dropout(c.dropout_rate)(x, deterministic=not enable_dropout), HIDDEN_AXES)
         num_layers = c.num_decoder_layers if self.decoder else c.num_encoder_layers
+        layer = rematerialised(BartLayer, c.remat_policy, num_args=3)
         for i in range(num_layers):
-            x = BartLayer(c, self.decoder, name=f"layers_{i}")(x, self_bias, encoded, cross_bias, enable_dropout)
+            x = layer(c, self.decoder, name=f"layers_{i}")(x, self_bias, encoded, cross_bias, enable_dropout)
         if c.pre_layer_norm:
             stack = "decoder" if self.decoder else "encoder"
             x = LayerNorm(c.layer_norm_epsilon, name=f"{stack}_norm", **dtype_kwargs(c))(x)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from ptmjax.models.attention import MultiHeadAttention, mask_to_bias, pairwise_mask
 from ptmjax.models.config_checks import check_common, check_heads_divide, check_positive_ints
 from ptmjax.models.encoder_heads import MlmHead, SentencePairHead
+from ptmjax.models.layer_stack import check_remat_policy, rematerialised
 from ptmjax.models.layers import Dense, Embed
 from ptmjax.models.mlp import MlpBlock
 from ptmjax.models.norms import LayerNorm
@@ -50,6 +51,8 @@ class EncoderConfig:
     positions_after_padding: RoBERTa position ids, counting non-padding tokens
       from pad_token_id + 1 (as Hugging Face computes them).
     activation: 'gelu_exact' (erf, HF 'gelu') or 'gelu' (tanh, HF 'gelu_new'), 'relu', 'silu'.
+    remat_policy: what the backward pass recomputes of each layer ('none', 'full',
+      'save_dot_products'; see layer_stack.py).
     """
 
     vocab_size: int
@@ -69,6 +72,7 @@ class EncoderConfig:
     layer_norm_epsilon: float = 1e-12
     dtype: str = "float32"
     param_dtype: str = "float32"
+    remat_policy: str = "none"
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -76,6 +80,7 @@ class EncoderConfig:
         check_positive_ints(self, "type_vocab_size")
         check_heads_divide(self)
         check_common(self, "dropout_rate", "attention_dropout_rate")
+        check_remat_policy(self)
         if self.embedding_size is not None:
             check_positive_ints(self, "embedding_size")
         if self.num_layer_groups is not None:
@@ -203,7 +208,7 @@ class PostLNEncoder(nn.Module):
         self.embeddings = Embeddings(c) if self.shared_embeddings is None else self.shared_embeddings
         if c.embedding_size is not None:
             self.embedding_projection = Dense((c.d_model,), ("mlp", "embed"), use_bias=True, **dtype_kwargs(c))
-        self.layers = [PostLNLayer(c) for _ in range(c.layer_groups)]
+        self.layers = [rematerialised(PostLNLayer, c.remat_policy, num_args=1)(c) for _ in range(c.layer_groups)]
 
     def encode(self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False) -> Array:
         """input_tokens [b, s] int, token_type_ids [b, s] (default 0) -> final hidden states [b, s, d_model]."""

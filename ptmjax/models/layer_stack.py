@@ -62,11 +62,8 @@ class LayerStackConfig(MoeConfig):
     def check_layer_stacks(self) -> None:
         """Validate the MoE and stack options; errors name the field and the fix."""
         self.check_moe()
+        check_remat_policy(self)
         owner = type(self).__name__
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"{owner}.remat_policy={self.remat_policy!r} is unknown; use one of {list(REMAT_POLICIES)}."
-            )
         if not isinstance(self.scan_layers, bool):
             raise ValueError(f"{owner}.scan_layers must be True or False, got {self.scan_layers!r}.")
         if self.scan_layers:
@@ -76,6 +73,27 @@ class LayerStackConfig(MoeConfig):
     def scan_period(self) -> int:
         """Layers per scan step: moe_every with MoE (each period ends in its MoE layer), else 1."""
         return self.moe_every if self.num_experts else 1
+
+
+def check_remat_policy(config: Any) -> None:
+    """Raise unless `config.remat_policy` names one of REMAT_POLICIES (BART and the encoders have it too)."""
+    if config.remat_policy not in REMAT_POLICIES:
+        raise ValueError(
+            f"{type(config).__name__}.remat_policy={config.remat_policy!r} is unknown; "
+            f"use one of {list(REMAT_POLICIES)}."
+        )
+
+
+def rematerialised(layer: type[nn.Module], policy: str, num_args: int, prevent_cse: bool = True) -> type[nn.Module]:
+    """`layer` recomputed in the backward pass as `policy` says ('none': `layer` itself).
+
+    The layer is called as (x, *args, enable_dropout) with `num_args` args; enable_dropout is static.
+    """
+    if policy == "none":
+        return layer
+    return nn.remat(  # static_argnums count self: x is 1, enable_dropout comes after the args
+        layer, policy=REMAT_POLICIES[policy], prevent_cse=prevent_cse, static_argnums=(num_args + 2,)
+    )
 
 
 def check_period_divides(config: LayerStackConfig) -> None:
@@ -115,11 +133,7 @@ def apply_layers(
     `layers_{i}`, or with `config.scan_layers` one scanned `layers` module.
     `args` (attention biases, the encoder output) are the same for every layer.
     """
-    if config.remat_policy != "none":
-        layer = nn.remat(  # static: enable_dropout, positional after self, x and args
-            layer, policy=REMAT_POLICIES[config.remat_policy], prevent_cse=not config.scan_layers,
-            static_argnums=(len(args) + 2,),
-        )  # fmt: skip
+    layer = rematerialised(layer, config.remat_policy, len(args), prevent_cse=not config.scan_layers)
     if not config.scan_layers:
         for i in range(num_layers):
             x = layer(config, config.is_moe_layer(i), name=f"layers_{i}")(x, *args, enable_dropout)
