@@ -179,6 +179,15 @@ def test_switch_base_param_count(name, experts, t5_config):
     assert count_params(initializer(dense)) == 247_577_856
 
 
+@pytest.mark.parametrize("name,experts,params", [("switch_tiny_8", 8, 821_248), ("switch_tiny_16", 16, 1_215_488)])
+def test_tiny_switch_versions_param_count(name, experts, params, t5_config):
+    config = t5_config(name)
+    assert (config.num_experts, config.moe_every, config.moe_top_k) == (experts, 2, 1)
+    # 2 MoE layers (layer 1 of each stack); each adds E - 1 gated-GELU experts and a [64, E] router.
+    extra = 2 * ((experts - 1) * 3 * 64 * 128 + 64 * experts)
+    assert count_params(initializer(config)) == count_params(initializer(t5_config("t5_1_1_tiny"))) + extra == params
+
+
 def test_switch_tiny_tree_and_config_errors(t5_config):
     config = t5_config("switch_tiny")
     tokens = jnp.ones((1, 4), jnp.int32)
