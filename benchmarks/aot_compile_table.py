@@ -32,8 +32,8 @@ import jax  # noqa: E402
 
 jax.config.update("jax_platforms", "cpu")  # compile-only: local accelerators are never used
 
-from ptmjax import cli  # noqa: E402
-from ptmjax import compile as aot  # noqa: E402
+from ptmjax import gin_files  # noqa: E402
+from ptmjax.tools import aot_compile as aot  # noqa: E402
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 RESULTS = DOCS / "aot_compile.json"
@@ -99,7 +99,7 @@ ROWS = _rows()
 def compile_row(row: Row) -> dict:
     """Compiles one row; returns its JSON record."""
     gin.clear_config()
-    cli.parse_gin(row.gin_files, row.bindings)
+    gin_files.parse_gin(row.gin_files, row.bindings)
     spec = aot.TrainSpec.from_gin()
     gin.clear_config()
     step = aot.compile_train_step(spec, aot.get_topology(row.topology, row.num_slices))

@@ -10,7 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
+from ptmjax.gin_files import GIN_CONFIGS, parse_gin
+
 DEFAULT_GIN_FILE = "runs/demo.gin"
 
 
@@ -114,49 +115,6 @@ def parse_mesh_axes(text: str) -> dict[str, int]:
     return axes
 
 
-def resolve_gin_file(name: str) -> str:
-    """Finds a gin file as given, or under gin_configs/; lists choices if missing."""
-    for candidate in (Path(name), GIN_CONFIGS / name):
-        if candidate.is_file():
-            return str(candidate)
-    known = sorted(str(p.relative_to(GIN_CONFIGS)) for p in GIN_CONFIGS.rglob("*.gin"))
-    raise FileNotFoundError(f"gin file {name!r} not found; known gin files: {', '.join(known)}")
-
-
-def parse_gin(gin_files: Sequence[str], bindings: Sequence[str] = ()) -> list[str]:
-    """Parses gin files (found as given or under gin_configs/) and bindings.
-
-    Registers every configurable first, so gin files need no imports; returns
-    the resolved file paths. Usable from notebooks as well as the CLI.
-    """
-    import gin
-
-    from ptmjax import configurables  # noqa: F401  (registers configurables and tasks)
-
-    paths = [resolve_gin_file(f) for f in gin_files]
-    _search_gin_configs_first()
-    with gin.unlock_config():
-        gin.parse_config_files_and_bindings(paths, bindings)
-    return paths
-
-
-def _search_gin_configs_first() -> None:
-    """Makes gin look for `include`d files under gin_configs/ before anywhere else.
-
-    Gin tries a bare relative include such as 'runs/pretrain.gin' as a Python
-    package path first, and crashes (TypeError) when a folder of that name on
-    sys.path is a namespace package, e.g. a `runs/` output folder in the
-    working directory under `python -m`. Its public API only appends search
-    paths, so ours goes to the front of its list.
-    """
-    import gin
-
-    prefixes = gin.config._LOCATION_PREFIXES  # noqa: SLF001 - see the docstring
-    if str(GIN_CONFIGS) in prefixes:
-        prefixes.remove(str(GIN_CONFIGS))
-    prefixes.insert(0, str(GIN_CONFIGS))
-
-
 def run_train(args: argparse.Namespace) -> int:
     if args.num_cpu_devices:
         import jax
@@ -166,7 +124,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     gin_files = parse_gin(args.gin_file or [DEFAULT_GIN_FILE], args.gin_bindings)
     if args.distributed:
-        from ptmjax.partitioning import initialize_distributed
+        from ptmjax.training.multihost import initialize_distributed
 
         initialize_distributed()
     model_dir = args.model_dir or os.path.join("runs", Path(gin_files[-1]).stem)
@@ -190,7 +148,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         jax.config.update("jax_num_cpu_devices", args.num_cpu_devices)
     from rich.console import Console
 
-    from ptmjax.inspect import inspect_checkpoint
+    from ptmjax.tools.inspection import inspect_checkpoint
 
     table = inspect_checkpoint(
         args.model_dir, args.mesh, step=args.step, include_opt_state=args.opt_state
@@ -229,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "convert":
         return run_convert(args)
     if args.command == "compile":
-        from ptmjax.compile import main as run_compile
+        from ptmjax.tools.aot_compile import main as run_compile
 
         return run_compile(args)
     raise AssertionError(args.command)

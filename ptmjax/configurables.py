@@ -5,7 +5,7 @@ Importing this module also registers the seqio tasks and mixtures.
 
 import gin
 
-from ptmjax import checkpoints, partitioning  # noqa: F401
+from ptmjax import partitioning  # noqa: F401
 from ptmjax.data import language_tags, mixtures, objective_tasks, tasks  # noqa: F401
 from ptmjax.models import albert, bart, bert, electra, gpt2, permutation_lm, t5
 from ptmjax.objectives import translation_lm  # noqa: F401

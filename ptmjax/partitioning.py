@@ -1,4 +1,4 @@
-"""The device mesh, logical-axis rules, and the shardings they imply; joining the hosts of a pod.
+"""The device mesh, logical-axis rules, and the shardings they imply.
 
 Model code names axes logically ('embed', 'heads', 'activation_batch', ...).
 This module alone knows the mesh: a rule maps one logical name to an ordered
@@ -113,64 +113,6 @@ class MeshConfig:
                 "set one axis to -1 or make the product match"
             )
         return sizes
-
-
-@gin.configurable
-def initialize_distributed(
-    coordinator_address: str | None = None,
-    num_processes: int | None = None,
-    process_id: int | None = None,
-    local_device_ids: Sequence[int] | None = None,
-) -> None:
-    """Connects this host to the others with `jax.distributed.initialize`; call it before any JAX computation.
-
-    With no arguments JAX detects the cluster from the environment (Cloud TPU
-    VMs, SLURM, Open MPI). Elsewhere give all of coordinator_address
-    ('host:port' of process 0), num_processes and process_id (0 ..
-    num_processes - 1). `local_device_ids` restricts this process to some local
-    devices; under SLURM JAX otherwise gives each process one GPU (its
-    SLURM_LOCALID), so with one process per node list all the node's GPUs.
-    Calling it again once connected does nothing. `ptmjax train --distributed`
-    calls it (with its gin bindings) before anything else.
-    """
-    explicit = {"coordinator_address": coordinator_address, "num_processes": num_processes, "process_id": process_id}
-    missing = [name for name, value in explicit.items() if value is None]
-    if 0 < len(missing) < len(explicit):
-        given = ", ".join(f"{name}={value!r}" for name, value in explicit.items() if value is not None)
-        raise ValueError(
-            f"initialize_distributed got {given} but not {', '.join(missing)}; give all three (a cluster JAX cannot "
-            "detect) or none (auto-detection on Cloud TPU VMs, SLURM and Open MPI)."
-        )
-    if coordinator_address is not None:
-        host, _, port = coordinator_address.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(
-                f"initialize_distributed.coordinator_address={coordinator_address!r} must be 'host:port' with a port "
-                "in 1..65535, e.g. '10.0.0.1:1234' (process 0's address)."
-            )
-        if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
-            raise ValueError(f"initialize_distributed.num_processes must be an int >= 1, got {num_processes!r}.")
-        if isinstance(process_id, bool) or not isinstance(process_id, int) or not 0 <= process_id < num_processes:
-            raise ValueError(
-                f"initialize_distributed.process_id must be an int in [0, num_processes={num_processes}), "
-                f"got {process_id!r}."
-            )
-    if local_device_ids is not None:
-        local_device_ids = list(local_device_ids)
-        if not local_device_ids or any(type(i) is not int or i < 0 for i in local_device_ids):
-            raise ValueError(
-                f"initialize_distributed.local_device_ids must be non-negative device ids, got {local_device_ids!r}."
-            )
-    if jax.distributed.is_initialized():
-        return
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id,
-        local_device_ids=local_device_ids,
-    )
-    print(
-        f"process {jax.process_index()} of {jax.process_count()}: {jax.local_device_count()} local of "
-        f"{jax.device_count()} devices"
-    )
 
 
 def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ptmjax import cli
+from ptmjax import gin_files
 
 
 def start_training(model_dir, *bindings):
@@ -60,7 +60,7 @@ def test_sigterm_saves_and_a_rerun_resumes(tmp_path):
 
 def test_unknown_gin_file_lists_the_known_ones():
     with pytest.raises(FileNotFoundError, match=r"runs/demo.gin"):
-        cli.resolve_gin_file("runs/dmeo.gin")
+        gin_files.resolve_gin_file("runs/dmeo.gin")
 
 
 def test_includes_resolve_beside_folders_named_like_gin_subfolders(tmp_path, monkeypatch):
@@ -71,7 +71,7 @@ def test_includes_resolve_beside_folders_named_like_gin_subfolders(tmp_path, mon
         (tmp_path / name).mkdir()
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        cli.parse_gin(["runs/demo.gin"])
+        gin_files.parse_gin(["runs/demo.gin"])
         assert gin.query_parameter("T5Config.d_model") == 64
     finally:
         gin.clear_config()
@@ -83,6 +83,6 @@ def test_misspelt_binding_fails_before_any_work_naming_it(binding, name):
 
     try:
         with pytest.raises(ValueError, match=f"doesn't have a parameter named '{name}'"):
-            cli.parse_gin(["runs/demo.gin"], [binding])
+            gin_files.parse_gin(["runs/demo.gin"], [binding])
     finally:
         gin.clear_config()

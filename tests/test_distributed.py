@@ -9,9 +9,9 @@ import gin
 import jax
 import pytest
 
-from ptmjax import cli, partitioning
-from ptmjax.partitioning import initialize_distributed
-from ptmjax.training import loop
+from ptmjax import cli
+from ptmjax.training import loop, multihost
+from ptmjax.training.multihost import initialize_distributed
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_a_second_call_does_nothing(calls, monkeypatch):
 
 def test_train_distributed_initializes_from_gin_before_training(calls, monkeypatch, tmp_path):
     order = []
-    monkeypatch.setattr(partitioning, "initialize_distributed", lambda: order.append("initialize") or
+    monkeypatch.setattr(multihost, "initialize_distributed", lambda: order.append("initialize") or
                         initialize_distributed())  # fmt: skip
 
     def fake_train(model_dir):

@@ -3,7 +3,7 @@ downstream task, and tabulate pre-training loss, downstream accuracy and wall ti
 
 Run: python experiments/objective_comparison/run.py [--full] [--model_gin models/t5_1_1_small.gin]
 
-Every run goes through ptmjax's own trainer (`cli.parse_gin` + `loop.train`) with the gin files next to
+Every run goes through ptmjax's own trainer (`parse_gin` + `loop.train`) with the gin files next to
 this script: `pretrain.gin` for each objective's task, then `finetune.gin` on
 'ptmjax_stdlib_module_classification' from `train.init_checkpoint` (or from scratch: the baseline).
 The fine-tuned model is scored by rank classification (`ptmjax.evaluation.rank_classification`).
@@ -33,10 +33,11 @@ import numpy as np
 import tensorflow as tf
 from flax import linen as nn
 
-from ptmjax import cli, evaluation
-from ptmjax.checkpoints import Checkpointer
+from ptmjax import evaluation
 from ptmjax.data import downstream_tasks, objective_tasks, pipeline, tasks
+from ptmjax.gin_files import parse_gin, resolve_gin_file
 from ptmjax.training.architectures import architecture_of
+from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.loop import train
 from ptmjax.training.trainer import init_params
 
@@ -85,7 +86,7 @@ def slug(name: str) -> str:
 def run_train(model_dir: pathlib.Path, gin_files: Sequence[str], bindings: Sequence[str]) -> dict[str, Any]:
     """Trains through gin into `model_dir`; returns the wall time (s) and the machine's load averages around it."""
     gin.clear_config()
-    cli.parse_gin([str(path) for path in gin_files], bindings)
+    parse_gin([str(path) for path in gin_files], bindings)
     load_before, start = os.getloadavg()[0], time.perf_counter()
     train(str(model_dir))
     wall = time.perf_counter() - start
@@ -135,7 +136,7 @@ def pretrain(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, nam
         logs = records(model_dir)
         train_logs = [r for r in logs if "loss" in r]
         eval_logs = [r for r in logs if "eval_loss" in r]
-        cli.parse_gin([str(model_dir / "config.gin")])
+        parse_gin([str(model_dir / "config.gin")])
         model, batch_size = gin.get_bindings("train")["model"], gin.query_parameter("train.batch_size")
         seed, pack = gin.query_parameter("train.seed"), gin.query_parameter("train.pack")
         gin.clear_config()
@@ -159,7 +160,7 @@ def pretrain(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, nam
 
 def restore_params(model_dir: pathlib.Path) -> tuple[nn.Module, Any]:
     """The run's model (from its config.gin) and its newest parameters, on the host."""
-    cli.parse_gin([str(model_dir / "config.gin")])
+    parse_gin([str(model_dir / "config.gin")])
     model = gin.get_bindings("train")["model"]
     gin.clear_config()
     abstract = nn.unbox(jax.eval_shape(functools.partial(init_params, model), jax.random.key(0)))
@@ -350,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         setting = dataclasses.replace(setting, finetune_learning_rate=args.finetune_lr)
         suffix += f"_lr{args.finetune_lr:g}"
     runs_dir = pathlib.Path(args.runs_dir or REPO_DIR / "runs" / "objective_comparison" / runs_name).resolve()
-    gin_files = [str(pathlib.Path(cli.resolve_gin_file(args.model_gin)).resolve())]
+    gin_files = [str(pathlib.Path(resolve_gin_file(args.model_gin)).resolve())]
 
     pretrained = {name: pretrain(setting, gin_files, runs_dir, name) for name in OBJECTIVES}
     finetuned = {

@@ -16,10 +16,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from ptmjax.checkpoints import Checkpointer
 from ptmjax.convert import hf
-from ptmjax.inspect import model_and_mesh_from_gin
-from ptmjax.models import layer_stack
+from ptmjax.layers import layer_stack
+from ptmjax.tools.inspection import model_and_mesh_from_gin
+from ptmjax.training.checkpoints import Checkpointer
 
 
 def model_gin(model: nn.Module) -> str:

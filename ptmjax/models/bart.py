@@ -33,20 +33,21 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from ptmjax.models.attention import (
+from ptmjax.layers.attention import (
     MultiHeadAttention,
     cross_mask,
     decoder_self_mask,
     encoder_self_mask,
     mask_to_bias,
 )
+from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
+from ptmjax.layers.embed import Embed
+from ptmjax.layers.layer_stack import check_remat_policy, rematerialised
+from ptmjax.layers.mlp import MlpBlock
+from ptmjax.layers.norms import LayerNorm
+from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
 from ptmjax.models.config_checks import check_common, check_heads_divide, check_positive_ints
-from ptmjax.models.layer_stack import check_remat_policy, rematerialised
-from ptmjax.models.layers import Embed
-from ptmjax.models.mlp import MlpBlock
-from ptmjax.models.norms import LayerNorm
-from ptmjax.models.positions import check_length, position_embedder, sequential_positions
-from ptmjax.models.t5 import HIDDEN_AXES, LOGIT_AXES, EncoderDecoderInterface, _check_inputs, dtype_kwargs
+from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 
 Array = jax.Array
 
@@ -231,7 +232,7 @@ class Bart(EncoderDecoderInterface):
     ) -> Array:
         """[b, s] token ids -> encoded [b, s, embed]."""
         c, tokens = self.config, encoder_input_tokens
-        _check_inputs(
+        check_token_inputs(
             "encoder_input_tokens", tokens, encoder_segment_ids=encoder_segment_ids,
             encoder_positions=encoder_positions,
         )  # fmt: skip
@@ -256,7 +257,7 @@ class Bart(EncoderDecoderInterface):
         -> logits [b, t, vocab].
         """
         c, tokens = self.config, decoder_input_tokens
-        _check_inputs(
+        check_token_inputs(
             "decoder_input_tokens", tokens, decoder_segment_ids=decoder_segment_ids,
             decoder_positions=decoder_positions,
         )  # fmt: skip

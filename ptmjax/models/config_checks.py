@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ptmjax.models.mlp import ACTIVATIONS
-from ptmjax.models.t5 import DTYPES
+from ptmjax.layers.common import DTYPES
+from ptmjax.layers.mlp import ACTIVATIONS
 
 
 def check_positive_ints(config: Any, *names: str) -> None:

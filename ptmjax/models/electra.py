@@ -31,9 +31,9 @@ import gin
 import jax
 import jax.numpy as jnp
 
+from ptmjax.layers.common import dtype_kwargs
 from ptmjax.models.encoder import Embeddings, EncoderConfig, MaskedLMEncoder, PostLNEncoder
 from ptmjax.models.encoder_heads import DiscriminatorHead
-from ptmjax.models.t5 import dtype_kwargs
 
 Array = jax.Array
 

@@ -21,19 +21,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.models.attention import MultiHeadAttention, mask_to_bias, pairwise_mask
+from ptmjax.layers.attention import MultiHeadAttention, mask_to_bias, pairwise_mask
+from ptmjax.layers.common import HIDDEN_AXES, dtype_kwargs
+from ptmjax.layers.dense import Dense
+from ptmjax.layers.embed import Embed
+from ptmjax.layers.layer_stack import check_remat_policy, rematerialised
+from ptmjax.layers.mlp import MlpBlock
+from ptmjax.layers.norms import LayerNorm
+from ptmjax.layers.positions import check_length, position_embedder, positions_after_padding, sequential_positions
 from ptmjax.models.config_checks import check_common, check_heads_divide, check_positive_ints
 from ptmjax.models.encoder_heads import MlmHead, SentencePairHead
-from ptmjax.models.layer_stack import check_remat_policy, rematerialised
-from ptmjax.models.layers import Dense, Embed
-from ptmjax.models.mlp import MlpBlock
-from ptmjax.models.norms import LayerNorm
-from ptmjax.models.positions import check_length, position_embedder, positions_after_padding, sequential_positions
-from ptmjax.models.t5 import dtype_kwargs
 
 Array = jax.Array
 
-HIDDEN_AXES = ("activation_batch", "activation_length", "activation_embed")
 EMBED_INIT_STDDEV = 0.02  # BERT's initializer_range, for the embedding tables
 
 

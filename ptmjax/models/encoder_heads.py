@@ -17,9 +17,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.models.layers import Dense, DType
-from ptmjax.models.mlp import ACTIVATIONS
-from ptmjax.models.norms import LayerNorm
+from ptmjax.layers.common import DType
+from ptmjax.layers.dense import Dense
+from ptmjax.layers.mlp import ACTIVATIONS
+from ptmjax.layers.norms import LayerNorm
 
 Array = jax.Array
 

@@ -16,19 +16,17 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from ptmjax.models.attention import MultiHeadAttention, mask_to_bias, prefix_lm_self_mask
+from ptmjax.layers.attention import MultiHeadAttention, mask_to_bias, prefix_lm_self_mask
+from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
+from ptmjax.layers.embed import Embed
+from ptmjax.layers.layer_stack import LayerStackConfig, apply_layers
+from ptmjax.layers.mlp import MlpBlock
+from ptmjax.layers.norms import LayerNorm
+from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
 from ptmjax.models.config_checks import check_common, check_heads_divide, check_positive_ints
-from ptmjax.models.layer_stack import LayerStackConfig, apply_layers
-from ptmjax.models.layers import Embed
-from ptmjax.models.mlp import MlpBlock
-from ptmjax.models.norms import LayerNorm
-from ptmjax.models.positions import check_length, position_embedder, sequential_positions
-from ptmjax.models.t5 import dtype_kwargs
 
 Array = jax.Array
 
-HIDDEN_AXES = ("activation_batch", "activation_length", "activation_embed")
-LOGIT_AXES = ("activation_batch", "activation_length", "activation_vocab")
 EMBED_INIT_STDDEV = 0.02  # GPT-2's initializer_range, for the token and position tables
 
 
@@ -137,9 +135,9 @@ class GPT2(nn.Module):
     ) -> Array:
         """-> final hidden states [b, t, embed], after the last LayerNorm; the layers are this method's children."""
         tokens = decoder_input_tokens
-        _check_inputs(
-            tokens, decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
-            decoder_causal_attention=decoder_causal_attention,
+        check_token_inputs(
+            "decoder_input_tokens", tokens, decoder_segment_ids=decoder_segment_ids,
+            decoder_positions=decoder_positions, decoder_causal_attention=decoder_causal_attention,
         )  # fmt: skip
         batch, length = tokens.shape
         check_length(length, self.config.max_length, "GPT2")
@@ -165,13 +163,3 @@ class GPT2(nn.Module):
         )
         logits = self.token_embedder.attend(x)
         return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES)
-
-
-def _check_inputs(tokens: Array, **companions: Array | None) -> None:
-    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-        raise ValueError(f"decoder_input_tokens must be int [batch, length], got {tokens.dtype} {tokens.shape}.")
-    for name, other in companions.items():
-        if other is not None and other.shape != tokens.shape:
-            raise ValueError(
-                f"{name} has shape {other.shape} but decoder_input_tokens has {tokens.shape}; they must match."
-            )

@@ -20,13 +20,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.models.attention import MultiHeadAttention, mask_to_bias
+from ptmjax.layers.attention import MultiHeadAttention, mask_to_bias
+from ptmjax.layers.common import dtype_kwargs
+from ptmjax.layers.embed import Embed
+from ptmjax.layers.mlp import MlpBlock
+from ptmjax.layers.norms import LayerNorm
+from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
 from ptmjax.models.gpt2 import EMBED_INIT_STDDEV, HIDDEN_AXES, LOGIT_AXES, GPT2Config
-from ptmjax.models.layers import Embed
-from ptmjax.models.mlp import MlpBlock
-from ptmjax.models.norms import LayerNorm
-from ptmjax.models.positions import check_length, position_embedder, sequential_positions
-from ptmjax.models.t5 import dtype_kwargs
 
 Array = jax.Array
 

@@ -14,29 +14,23 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from ptmjax.models.attention import (
+from ptmjax.layers.attention import (
     MultiHeadAttention,
     cross_mask,
     decoder_self_mask,
     encoder_self_mask,
     mask_to_bias,
 )
-from ptmjax.models.layer_stack import LayerStackConfig, apply_layers
-from ptmjax.models.layers import Dense, Embed, RMSNorm
-from ptmjax.models.mlp import MlpBlock, check_activations
-from ptmjax.models.relative_position import RelativePositionBias
+from ptmjax.layers.common import DTYPES, HIDDEN_AXES, LOGIT_AXES, check_token_inputs
+from ptmjax.layers.dense import Dense
+from ptmjax.layers.embed import Embed
+from ptmjax.layers.layer_stack import LayerStackConfig, apply_layers
+from ptmjax.layers.mlp import MlpBlock, check_activations
+from ptmjax.layers.norms import RMSNorm
+from ptmjax.layers.relative_position import RelativePositionBias
+from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 
 Array = jax.Array
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-HIDDEN_AXES = ("activation_batch", "activation_length", "activation_embed")
-LOGIT_AXES = ("activation_batch", "activation_length", "activation_vocab")
-
-
-def dtype_kwargs(config: object) -> dict:
-    """Module kwargs {'dtype', 'param_dtype'} from a config's `dtype` and `param_dtype` names (keys of DTYPES)."""
-    return {"dtype": jnp.dtype(DTYPES[config.dtype]), "param_dtype": jnp.dtype(DTYPES[config.param_dtype])}
-
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
@@ -253,43 +247,6 @@ class Decoder(nn.Module):
         return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES)  # [b, t, vocab]
 
 
-def _check_inputs(name: str, tokens: Array, **companions: Array | None) -> None:
-    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-        raise ValueError(f"{name} must be int [batch, length], got {tokens.dtype} {tokens.shape}.")
-    for other_name, other in companions.items():
-        if other is not None and other.shape != tokens.shape:
-            raise ValueError(f"{other_name} has shape {other.shape} but {name} has {tokens.shape}; they must match.")
-
-
-class EncoderDecoderInterface(nn.Module):
-    """ptmjax's encoder-decoder interface (T5, BART), on seqio EncDecFeatureConverter fields.
-
-    A subclass defines `encode(encoder_input_tokens, encoder_segment_ids=None,
-    encoder_positions=None, enable_dropout=False)` -> encoded [b, s, embed] and
-    `decode(encoded, encoder_input_tokens, decoder_input_tokens,
-    encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None,
-    enable_dropout=False)` -> float32 logits [b, t, vocab]; `__call__` is
-    `decode(encode(...))`, so every such model trains through the same step.
-    """
-
-    def __call__(
-        self,
-        encoder_input_tokens: Array,
-        decoder_input_tokens: Array,
-        encoder_segment_ids: Array | None = None,
-        decoder_segment_ids: Array | None = None,
-        encoder_positions: Array | None = None,
-        decoder_positions: Array | None = None,
-        enable_dropout: bool = False,
-    ) -> Array:
-        """Encoder and decoder fields [b, s] / [b, t] -> float32 logits [b, t, vocab]."""
-        encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout)
-        return self.decode(
-            encoded, encoder_input_tokens, decoder_input_tokens,
-            encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout,
-        )  # fmt: skip
-
-
 class EncoderDecoder(EncoderDecoderInterface):
     """T5: `__call__` = `decode(encode(...))`, logits float32 [batch, target_len, vocab].
 
@@ -314,7 +271,7 @@ class EncoderDecoder(EncoderDecoderInterface):
         enable_dropout: bool = False,
     ) -> Array:
         """[b, s] token ids -> encoded [b, s, embed]."""
-        _check_inputs(
+        check_token_inputs(
             "encoder_input_tokens", encoder_input_tokens,
             encoder_segment_ids=encoder_segment_ids, encoder_positions=encoder_positions,
         )  # fmt: skip
@@ -334,7 +291,7 @@ class EncoderDecoder(EncoderDecoderInterface):
 
         -> logits [b, t, vocab].
         """
-        _check_inputs(
+        check_token_inputs(
             "decoder_input_tokens", decoder_input_tokens,
             decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
         )  # fmt: skip

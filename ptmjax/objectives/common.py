@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import seqio
 import tensorflow as tf
 
-from ptmjax.data import token_streams
+from ptmjax.objectives import token_streams
 
 PAD_ID = 0
 EOS_ID = 1

@@ -27,8 +27,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from ptmjax.data import token_streams
-from ptmjax.objectives import bart_noising, common, masked_lm
+from ptmjax.objectives import bart_noising, common, masked_lm, token_streams
 
 PAIR_KINDS = ("nsp", "sop")
 SPECIAL_TOKENS_PER_PAIR = 3  # [CLS], [SEP], [SEP]

@@ -26,7 +26,7 @@ import gin
 import seqio
 import tensorflow as tf
 
-from ptmjax.data import token_streams
+from ptmjax.objectives import token_streams
 
 NOISE_DENSITY = 0.15
 MEAN_NOISE_SPAN_LENGTH = 3.0

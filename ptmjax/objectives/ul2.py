@@ -40,8 +40,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from ptmjax.data import token_streams
-from ptmjax.objectives import common, language_modeling, span_corruption
+from ptmjax.objectives import common, language_modeling, span_corruption, token_streams
 
 MODE_TOKENS = {"R": "[NLU]", "X": "[NLG]", "S": "[S2S]"}  # in id order, from the lowest sentinel up
 # (mode, mean_noise_span_length, noise_density), or ('S',): UL2's seven denoisers.

@@ -9,8 +9,8 @@ from typing import Any
 import jax
 from flax import linen as nn
 
-from ptmjax.checkpoints import Checkpointer
-from ptmjax.models import layer_stack
+from ptmjax.layers import layer_stack
+from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.trainer import Trainer, init_params
 
 

@@ -23,10 +23,10 @@ from flax import linen as nn
 from tqdm.auto import tqdm
 
 from ptmjax import partitioning
-from ptmjax.checkpoints import Checkpointer
 from ptmjax.data import pipeline
 from ptmjax.training import multihost
 from ptmjax.training.architectures import architecture_of
+from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog

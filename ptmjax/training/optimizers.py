@@ -5,7 +5,7 @@ from __future__ import annotations
 import gin
 import optax
 
-from ptmjax.models.layer_stack import LayerStackConfig, scan, unscan
+from ptmjax.layers.layer_stack import LayerStackConfig, scan, unscan
 
 
 @gin.configurable

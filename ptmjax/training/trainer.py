@@ -12,7 +12,7 @@ from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ptmjax import partitioning
-from ptmjax.models import layer_stack
+from ptmjax.layers import layer_stack
 from ptmjax.training import model_losses, optimizers, steps
 from ptmjax.training.architectures import architecture_of
 from ptmjax.training.losses import LossConfig

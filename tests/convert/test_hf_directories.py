@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from ptmjax import cli
+from ptmjax import cli, gin_files
 from ptmjax.models import AlbertConfig, BartConfig, BertConfig, ElectraConfig, GPT2Config, T5Config
 
 torch = pytest.importorskip("torch")
@@ -127,7 +127,7 @@ def test_cli_convert_both_ways_and_fine_tune_from_the_import(tmp_path):
 
     # Fine-tuning starts from the imported parameters: with a zero learning rate they stay exactly.
     imported = checkpoint.read_params(ckpt, hf.load(str(tmp_path / "hf"))[0])
-    cli.parse_gin(
+    gin_files.parse_gin(
         ["runs/gpt2_demo.gin", os.path.join(ckpt, "config.gin")],  # the imported config wins
         [f"train.init_checkpoint = '{ckpt}'", "train.task_feature_lengths = {'targets': 32}", "train.batch_size = 8",
          "train.num_steps = 2", "train.eval_batches = 1", "train.show_progress = False",

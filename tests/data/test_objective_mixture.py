@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from ptmjax import cli, partitioning
+from ptmjax import gin_files, partitioning
 from ptmjax.data import objective_tasks, pipeline
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.training.loop import train
@@ -44,7 +44,7 @@ def gin_run():
         "train.eval_batches": 1, "train.checkpoint_every": 3,
         "T5Config.num_encoder_layers": 1, "T5Config.num_decoder_layers": 1,
     }  # fmt: skip
-    cli.parse_gin(["runs/objective_mixture.gin"], [f"{name} = {value!r}" for name, value in bindings.items()])
+    gin_files.parse_gin(["runs/objective_mixture.gin"], [f"{name} = {value!r}" for name, value in bindings.items()])
     yield
     gin.clear_config()
 

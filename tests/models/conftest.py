@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ptmjax import cli
+from ptmjax import gin_files
 from ptmjax.models import EncoderDecoder, T5Config
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin_configs" / "models"
@@ -62,7 +62,7 @@ def load_gin_config(name: str, config_class: type, **overrides: object) -> objec
     """Parse gin_configs/models/{name}.gin and build config_class(**overrides); leaves gin cleared."""
     gin.clear_config()
     try:
-        cli.parse_gin([str(GIN_DIR / f"{name}.gin")])  # resolves `include 'models/...'` under gin_configs/
+        gin_files.parse_gin([str(GIN_DIR / f"{name}.gin")])  # resolves `include 'models/...'` under gin_configs/
         return config_class(**overrides)
     finally:
         gin.clear_config()

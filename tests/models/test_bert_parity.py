@@ -78,7 +78,7 @@ def test_roberta_positions_follow_huggingface():
     ref = transformers.models.roberta.modeling_roberta.RobertaEmbeddings.create_position_ids_from_input_ids(
         torch.tensor(tokens), padding_idx=1
     ).numpy()
-    from ptmjax.models.positions import positions_after_padding
+    from ptmjax.layers.positions import positions_after_padding
 
     np.testing.assert_array_equal(np.asarray(positions_after_padding(jnp.asarray(tokens), 1)), ref)
 

@@ -16,8 +16,8 @@ import pytest
 from conftest import assert_same_state_dict
 
 from ptmjax.convert.hf_t5 import build_hf_model, from_hf_config, hf_to_params, params_to_hf, to_hf_config
+from ptmjax.layers.relative_position import relative_position_bucket
 from ptmjax.models import EncoderDecoder, T5Config
-from ptmjax.models.relative_position import relative_position_bucket
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

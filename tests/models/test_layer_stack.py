@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ptmjax.layers.layer_stack import scan, unscan
 from ptmjax.models import GPT2, Albert, AlbertConfig, Bart, BartConfig, EncoderDecoder, GPT2Config, T5Config
-from ptmjax.models.layer_stack import scan, unscan
 
 T5 = T5Config(
     vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_encoder_layers=4, num_decoder_layers=2,

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from conftest import count_params
 
+from ptmjax.layers.moe import MoeBlock, expert_capacity
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
-from ptmjax.models.moe import MoeBlock, expert_capacity
 from ptmjax.models.t5 import EncoderLayer
 
 GROUPS, TOKENS, EMBED, D_FF, EXPERTS = 3, 10, 16, 24, 4

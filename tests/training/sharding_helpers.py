@@ -7,13 +7,13 @@ import jax
 import numpy as np
 from flax import linen as nn
 
-from ptmjax import cli
+from ptmjax import gin_files
 from ptmjax.partitioning import MeshConfig
 
 
 def mesh_preset(name: str) -> MeshConfig:
     """The MeshConfig that gin_configs/mesh/{name}.gin binds; leaves gin cleared."""
-    cli.parse_gin([f"mesh/{name}.gin"])
+    gin_files.parse_gin([f"mesh/{name}.gin"])
     try:
         return MeshConfig()
     finally:

@@ -11,7 +11,7 @@ import gin
 import numpy as np
 import pytest
 
-from ptmjax import cli
+from ptmjax import gin_files
 from ptmjax.training import loop
 
 # run file -> (task feature lengths, metrics the family must report)
@@ -34,7 +34,7 @@ def test_family_trains_with_its_native_objective(tmp_path, run_file):
         "train.log_every = 10", "train.eval_every = 40", "train.eval_batches = 2", "train.checkpoint_every = 40",
         "train.show_progress = False", "warmup_cosine.warmup_steps = 5", "warmup_cosine.total_steps = 40",
     ]  # fmt: skip
-    cli.parse_gin([run_file], bindings)
+    gin_files.parse_gin([run_file], bindings)
     try:
         result = loop.train(str(tmp_path))
     finally:

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from ptmjax import cli, partitioning
+from ptmjax import gin_files, partitioning
 from ptmjax.data import pipeline
 from ptmjax.partitioning import MeshConfig
 from ptmjax.training.architectures import architecture_of
@@ -35,7 +35,7 @@ LR, STEPS, BATCH = 0.01, 2, 8
 @functools.lru_cache(maxsize=None)
 def model_and_batch(run_file: str):
     lengths, _ = FAMILIES[run_file]
-    cli.parse_gin([run_file])
+    gin_files.parse_gin([run_file])
     try:
         model = gin.get_bindings("train")["model"]
         task = gin.get_bindings("train")["mixture_or_task_name"]

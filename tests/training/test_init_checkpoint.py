@@ -11,11 +11,11 @@ from flax import linen as nn
 from safetensors.numpy import load_file
 
 from ptmjax import partitioning
-from ptmjax.checkpoints import Checkpointer
 from ptmjax.convert import checkpoint
+from ptmjax.layers.layer_stack import scan, unscan
 from ptmjax.models import GPT2, Bert, BertConfig, GPT2Config
-from ptmjax.models.layer_stack import scan, unscan
 from ptmjax.partitioning import MeshConfig
+from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.trainer import Trainer, init_params
 

@@ -7,9 +7,9 @@ import jax
 import numpy as np
 
 from ptmjax import partitioning
-from ptmjax.checkpoints import Checkpointer
 from ptmjax.data import tasks  # noqa: F401  (registers the tasks)
 from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.loop import train
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.schedules import rsqrt_with_warmup
@@ -71,12 +71,12 @@ def test_text_files_task_from_gin_alone(tmp_path):
     """runs/text_files.gin trains on local files with no Python written."""
     import gin
 
-    from ptmjax import cli
+    from ptmjax import gin_files
 
     lines = [f"Line {i} of a small local corpus about packing, sharding and checkpoints." for i in range(400)]
     (tmp_path / "train.txt").write_text("\n".join(lines))
     (tmp_path / "valid.txt").write_text("\n".join(lines[:80]))
-    cli.parse_gin(
+    gin_files.parse_gin(
         ["runs/demo.gin", "runs/text_files.gin"],
         [
             f"register_text_files_task.train_pattern = '{tmp_path / 'train.txt'}'",

@@ -25,8 +25,8 @@ from flax import linen as nn
 from sharding_helpers import assert_laid_out_by_rules, mesh_preset
 
 from ptmjax import partitioning
+from ptmjax.layers.layer_stack import scan, unscan
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
-from ptmjax.models.layer_stack import scan, unscan
 from ptmjax.partitioning import MeshConfig
 from ptmjax.training.architectures import SEQUENCE_TO_SEQUENCE
 from ptmjax.training.losses import LossConfig

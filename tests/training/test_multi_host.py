@@ -19,7 +19,7 @@ import gin
 import jax
 import numpy as np
 
-from ptmjax import cli, partitioning
+from ptmjax import gin_files, partitioning
 from ptmjax.data import pipeline
 from ptmjax.training.architectures import architecture_of
 from ptmjax.training.losses import LossConfig
@@ -74,7 +74,7 @@ def single_process_reference(num_steps):
 
     Also returns the validation rows of each shard: host batches of 8 rows.
     """
-    cli.parse_gin(["runs/demo.gin"], [b.removeprefix("--gin_bindings=") for b in RUN[1:]])
+    gin_files.parse_gin(["runs/demo.gin"], [b.removeprefix("--gin_bindings=") for b in RUN[1:]])
     try:
         model = gin.get_bindings("train")["model"]
         lengths = gin.query_parameter("train.task_feature_lengths")

@@ -16,8 +16,8 @@ import pytest
 from sharding_helpers import assert_laid_out_by_rules
 
 from ptmjax import partitioning
+from ptmjax.layers.layer_stack import scan, unscan
 from ptmjax.models import EncoderDecoder, T5Config
-from ptmjax.models.layer_stack import scan, unscan
 from ptmjax.partitioning import MeshConfig
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.optimizers import adafactor

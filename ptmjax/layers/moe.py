@@ -37,8 +37,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.models.layers import DType
-from ptmjax.models.mlp import ACTIVATIONS, check_activations
+from ptmjax.layers.common import DType
+from ptmjax.layers.mlp import ACTIVATIONS, check_activations
 
 Array = jax.Array
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ptmjax import cli, partitioning
-from ptmjax import compile as aot
+from ptmjax.tools import aot_compile as aot
 
 TINY = [
     "models/t5_1_1_tiny.gin", "runs/pretrain.gin", "mesh/dp_fsdp_tp.gin",
@@ -23,7 +23,7 @@ TINY_BINDINGS = [
 def spec_from(gin_files, bindings) -> aot.TrainSpec:
     gin.clear_config()
     try:
-        cli.parse_gin(gin_files, bindings)
+        gin_files.parse_gin(gin_files, bindings)
         return aot.TrainSpec.from_gin()
     finally:
         gin.clear_config()

@@ -30,8 +30,8 @@ from flax import linen as nn
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Sharding
 
 from ptmjax import partitioning
-from ptmjax.checkpoints import saved_state_metadata
-from ptmjax.models import layer_stack
+from ptmjax.layers import layer_stack
+from ptmjax.training.checkpoints import saved_state_metadata
 from ptmjax.training.trainer import init_params
 
 OPT_STATE = "opt_state"
@@ -322,7 +322,7 @@ def model_and_mesh_from_gin(model_dir: str) -> tuple[nn.Module, partitioning.Mes
     """The `train.model` and mesh config of a model folder's config.gin; gin's config is left cleared."""
     import gin
 
-    from ptmjax.cli import parse_gin
+    from ptmjax.gin_files import parse_gin
 
     config = os.path.join(model_dir, "config.gin")
     if not os.path.isfile(config):

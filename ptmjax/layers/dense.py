@@ -1,6 +1,6 @@
-"""Basic building blocks: a dense layer (bias-free unless asked), embedding tables, RMS norm.
+"""The dense layer every family uses: a kernel over the trailing axes, bias-free unless asked.
 
-Every parameter is created through `nn.with_logical_partitioning`, so `init`
+Its parameters are created through `nn.with_logical_partitioning`, so `init`
 returns `nn.Partitioned` boxes that carry logical axis names; the partitioner
 maps those names to mesh axes. Nothing here knows about the mesh.
 """
@@ -13,9 +13,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ptmjax.layers.common import DType
+
 Array = jax.Array
-Initializer = nn.initializers.Initializer
-DType = jnp.dtype | type
 
 
 def _normalize_axes(axes: int | Sequence[int], ndim: int) -> tuple[int, ...]:
@@ -75,58 +75,3 @@ class Dense(nn.Module):
             )  # fmt: skip
             out = out + jnp.asarray(bias, self.dtype)
         return out
-
-
-class Embed(nn.Module):
-    """Embedding table [vocab, embed]; `attend` gives logits against it (tied output).
-
-    `axes` names the table's dims: ('vocab', 'embed') for tokens, e.g.
-    ('position', 'embed') for a learned position table.
-    """
-
-    num_embeddings: int
-    features: int
-    axes: tuple[str, str] = ("vocab", "embed")
-    dtype: DType = jnp.float32
-    param_dtype: DType = jnp.float32
-    embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
-
-    def setup(self) -> None:
-        self.embedding = self.param(
-            "embedding",
-            nn.with_logical_partitioning(self.embedding_init, tuple(self.axes)),
-            (self.num_embeddings, self.features),
-            self.param_dtype,
-        )
-
-    def __call__(self, tokens: Array) -> Array:
-        """tokens [...] int -> embeddings [..., embed]."""
-        if not jnp.issubdtype(tokens.dtype, jnp.integer):
-            raise TypeError(f"Embed expects integer token ids, got dtype {tokens.dtype}; cast with .astype(jnp.int32).")
-        return jnp.take(jnp.asarray(self.embedding, self.dtype), tokens, axis=0)
-
-    def attend(self, query: Array) -> Array:
-        """query [..., embed] -> logits [..., vocab] = query @ embedding.T."""
-        return jnp.einsum("...e,ve->...v", jnp.asarray(query, self.dtype), jnp.asarray(self.embedding, self.dtype))
-
-
-class RMSNorm(nn.Module):
-    """T5 layer norm: scale * x / sqrt(mean(x^2) + eps); no mean subtraction, no bias.
-
-    The statistics are computed in float32 whatever the compute dtype.
-    """
-
-    epsilon: float = 1e-6
-    dtype: DType = jnp.float32
-    param_dtype: DType = jnp.float32
-
-    @nn.compact
-    def __call__(self, x: Array) -> Array:
-        features = x.shape[-1]
-        scale = self.param(
-            "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (features,), self.param_dtype
-        )
-        x32 = jnp.asarray(x, jnp.float32)
-        variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-        y = jnp.asarray(x32 * jax.lax.rsqrt(variance + self.epsilon), self.dtype)
-        return y * jnp.asarray(scale, self.dtype)

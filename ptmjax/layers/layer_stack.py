@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ptmjax.models.moe import MoeConfig
+from ptmjax.layers.moe import MoeConfig
 
 Array = jax.Array
 Tree = Mapping[str, Any]

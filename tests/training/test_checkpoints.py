@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from ptmjax import partitioning
-from ptmjax.checkpoints import Checkpointer
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.partitioning import MeshConfig
+from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.optimizers import adamw
 from ptmjax.training.schedules import warmup_cosine
 from ptmjax.training.trainer import Trainer

@@ -1,7 +1,7 @@
-"""Layer normalisation with mean subtraction, scale and bias (BERT, GPT-2).
+"""Normalisation layers, statistics in float32 whatever the compute dtype.
 
-T5's RMS norm lives in layers.py; this is the classic LayerNorm:
-(x - mean) / sqrt(var + eps) * scale + bias, statistics in float32.
+- `LayerNorm` (BERT, GPT-2, BART): (x - mean) / sqrt(var + eps) * scale + bias.
+- `RMSNorm` (T5): scale * x / sqrt(mean(x^2) + eps); no mean subtraction, no bias.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.models.layers import DType
+from ptmjax.layers.common import DType
 
 Array = jax.Array
 
@@ -36,3 +36,25 @@ class LayerNorm(nn.Module):
         variance = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
         y = jnp.asarray((x32 - mean) * jax.lax.rsqrt(variance + self.epsilon), self.dtype)
         return y * jnp.asarray(scale, self.dtype) + jnp.asarray(bias, self.dtype)
+
+
+class RMSNorm(nn.Module):
+    """T5 layer norm: scale * x / sqrt(mean(x^2) + eps); no mean subtraction, no bias.
+
+    The statistics are computed in float32 whatever the compute dtype.
+    """
+
+    epsilon: float = 1e-6
+    dtype: DType = jnp.float32
+    param_dtype: DType = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        features = x.shape[-1]
+        scale = self.param(
+            "scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)), (features,), self.param_dtype
+        )
+        x32 = jnp.asarray(x, jnp.float32)
+        variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        y = jnp.asarray(x32 * jax.lax.rsqrt(variance + self.epsilon), self.dtype)
+        return y * jnp.asarray(scale, self.dtype)

@@ -30,9 +30,9 @@ import optax
 from flax import linen as nn
 
 from ptmjax import partitioning
-from ptmjax.inspect import format_bytes
 from ptmjax.models.flops import t5_training_flops
 from ptmjax.models.t5 import T5Config
+from ptmjax.tools.inspection import format_bytes
 from ptmjax.training import loop
 from ptmjax.training.architectures import architecture_of
 from ptmjax.training.losses import LossConfig
@@ -74,7 +74,7 @@ class TrainSpec:
 
     @classmethod
     def from_gin(cls) -> TrainSpec:
-        """From the parsed gin config (see `ptmjax.cli.parse_gin`)."""
+        """From the parsed gin config (see `ptmjax.gin_files.parse_gin`)."""
         bound = gin.get_bindings("train")
         for name in ("model", "task_feature_lengths", "batch_size"):
             if name not in bound:
@@ -334,7 +334,7 @@ def main(args: argparse.Namespace) -> int:
     jax.config.update("jax_platforms", "cpu")
     if args.num_cpu_devices:
         jax.config.update("jax_num_cpu_devices", args.num_cpu_devices)
-    from ptmjax.cli import parse_gin
+    from ptmjax.gin_files import parse_gin
 
     try:
         topology = get_topology(args.topology, args.num_slices)

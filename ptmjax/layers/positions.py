@@ -11,7 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.models.layers import DType, Embed
+from ptmjax.layers.common import DType
+from ptmjax.layers.embed import Embed
 
 Array = jax.Array
 

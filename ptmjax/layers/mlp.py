@@ -12,7 +12,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.models.layers import Dense, DType
+from ptmjax.layers.common import DType
+from ptmjax.layers.dense import Dense
 
 Array = jax.Array
 

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.models.layers import DType
+from ptmjax.layers.common import DType
 
 Array = jax.Array
 

@@ -12,10 +12,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from ptmjax import cli, partitioning
-from ptmjax.checkpoints import Checkpointer
-from ptmjax.inspect import format_bytes, inspect_arrays, inspect_checkpoint
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.partitioning import MeshConfig
+from ptmjax.tools.inspection import format_bytes, inspect_arrays, inspect_checkpoint
+from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.optimizers import adamw
 from ptmjax.training.schedules import warmup_cosine
 from ptmjax.training.trainer import Trainer
@@ -24,7 +24,7 @@ CONFIG = T5Config(
     vocab_size=128, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=1,
     num_decoder_layers=1, ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0,
 )
-NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / (
+NOTEBOOK = pathlib.Path(__file__).resolve().parents[2] / (
     "experiments/inspect_sharded_checkpoint/inspect_sharded_checkpoint.ipynb"
 )
 

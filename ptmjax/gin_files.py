@@ -1,0 +1,49 @@
+"""Finding and parsing gin files: as given, or under the repository's gin_configs/."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import gin
+
+GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
+
+
+def resolve_gin_file(name: str) -> str:
+    """Finds a gin file as given, or under gin_configs/; lists choices if missing."""
+    for candidate in (Path(name), GIN_CONFIGS / name):
+        if candidate.is_file():
+            return str(candidate)
+    known = sorted(str(p.relative_to(GIN_CONFIGS)) for p in GIN_CONFIGS.rglob("*.gin"))
+    raise FileNotFoundError(f"gin file {name!r} not found; known gin files: {', '.join(known)}")
+
+
+def parse_gin(gin_files: Sequence[str], bindings: Sequence[str] = ()) -> list[str]:
+    """Parses gin files (found as given or under gin_configs/) and bindings.
+
+    Registers every configurable first, so gin files need no imports; returns
+    the resolved file paths. Usable from notebooks as well as the CLI.
+    """
+    from ptmjax import configurables  # noqa: F401  (registers configurables and tasks)
+
+    paths = [resolve_gin_file(f) for f in gin_files]
+    _search_gin_configs_first()
+    with gin.unlock_config():
+        gin.parse_config_files_and_bindings(paths, bindings)
+    return paths
+
+
+def _search_gin_configs_first() -> None:
+    """Makes gin look for `include`d files under gin_configs/ before anywhere else.
+
+    Gin tries a bare relative include such as 'runs/pretrain.gin' as a Python
+    package path first, and crashes (TypeError) when a folder of that name on
+    sys.path is a namespace package, e.g. a `runs/` output folder in the
+    working directory under `python -m`. Its public API only appends search
+    paths, so ours goes to the front of its list.
+    """
+    prefixes = gin.config._LOCATION_PREFIXES  # noqa: SLF001 - see the docstring
+    if str(GIN_CONFIGS) in prefixes:
+        prefixes.remove(str(GIN_CONFIGS))
+    prefixes.insert(0, str(GIN_CONFIGS))

@@ -1,0 +1,28 @@
+"""What every layer and model family shares: dtypes by name, activation axis names, input checks."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+DType = jnp.dtype | type
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# Logical names of the [batch, length, embed] hidden states and the [batch, length, vocab] logits.
+HIDDEN_AXES = ("activation_batch", "activation_length", "activation_embed")
+LOGIT_AXES = ("activation_batch", "activation_length", "activation_vocab")
+
+
+def dtype_kwargs(config: object) -> dict:
+    """Module kwargs {'dtype', 'param_dtype'} from a config's `dtype` and `param_dtype` names (keys of DTYPES)."""
+    return {"dtype": jnp.dtype(DTYPES[config.dtype]), "param_dtype": jnp.dtype(DTYPES[config.param_dtype])}
+
+
+def check_token_inputs(name: str, tokens: Array, **companions: Array | None) -> None:
+    """Raise unless `tokens` is int [batch, length] and every given companion has its shape."""
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"{name} must be int [batch, length], got {tokens.dtype} {tokens.shape}.")
+    for other_name, other in companions.items():
+        if other is not None and other.shape != tokens.shape:
+            raise ValueError(f"{other_name} has shape {other.shape} but {name} has {tokens.shape}; they must match.")
