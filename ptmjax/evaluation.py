@@ -6,9 +6,10 @@ predicts the candidate label whose tokens, EOS included, have the highest
 log-likelihood `sum_t log p(y_t | y_<t, inputs)` under the model; accuracy is
 the fraction of examples whose gold label ranks first.
 
-The scoring functions are pure over (params, batch) and take encoder-decoder
-models on seqio `EncDecFeatureConverter` fields (T5, BART): the decoder reads
-the targets shifted right with 0 first, and id 0 is padding.
+Scores come from the model API (`ModelApi.score`). Candidates are built as
+seqio `EncDecFeatureConverter` fields, so this takes encoder-decoder models
+(T5, BART): the decoder reads the targets shifted right with 0 first, and id 0
+is padding.
 """
 
 from __future__ import annotations
@@ -25,22 +26,9 @@ import seqio
 from flax import linen as nn
 
 from ptmjax.data import pipeline
+from ptmjax.training.model_api import model_api
 
 Array = jax.Array
-TARGET_FIELDS = ("decoder_target_tokens", "decoder_loss_weights")
-
-
-def target_log_likelihoods(model: nn.Module, params: Any, batch: Mapping[str, Array]) -> Array:
-    """float32 [b]: each row's summed log-probability of 'decoder_target_tokens' under 'decoder_loss_weights'.
-
-    Every other field of `batch` goes to the model by name (no dropout).
-    """
-    inputs = {name: value for name, value in batch.items() if name not in TARGET_FIELDS}
-    logits = model.apply({"params": params}, **inputs)  # [b, t, vocab]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    targets = batch["decoder_target_tokens"]
-    token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, t]
-    return jnp.sum(token_log_probs * batch["decoder_loss_weights"].astype(jnp.float32), axis=-1)
 
 
 def candidate_batch(encoder_input_tokens: Array, candidate_tokens: Array) -> dict[str, Array]:
@@ -62,7 +50,12 @@ def candidate_log_likelihoods(
     model: nn.Module, params: Any, encoder_input_tokens: Array, candidate_tokens: Array
 ) -> Array:
     """float32 [b, c]: log p(candidate j | example i) for inputs [b, s] and candidates [c, t]."""
-    scores = target_log_likelihoods(model, params, candidate_batch(encoder_input_tokens, candidate_tokens))
+    api = model_api(model)
+    if api.family.feature_converter is not seqio.EncDecFeatureConverter:
+        raise ValueError(
+            f"rank classification scores encoder-decoder models (T5, BART); {type(model).__name__} is not one"
+        )
+    scores = api.score(params, candidate_batch(encoder_input_tokens, candidate_tokens))
     return scores.reshape(encoder_input_tokens.shape[0], candidate_tokens.shape[0])
 
 

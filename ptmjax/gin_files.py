@@ -1,11 +1,16 @@
-"""Finding and parsing gin files: as given, or under the repository's gin_configs/."""
+"""Finding and parsing gin files (as given, or under the repository's gin_configs/), and reading a model folder's."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import gin
+from flax import linen as nn
+
+from ptmjax import partitioning
+from ptmjax.model_dir import CONFIG_FILE, ModelDir
 
 GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
 
@@ -47,3 +52,21 @@ def _search_gin_configs_first() -> None:
     if str(GIN_CONFIGS) in prefixes:
         prefixes.remove(str(GIN_CONFIGS))
     prefixes.insert(0, str(GIN_CONFIGS))
+
+
+def read_model_config(folder: ModelDir) -> tuple[nn.Module, partitioning.MeshConfig]:
+    """The `train.model` and mesh config that a model folder's config.gin binds; gin's config is left cleared."""
+    if not os.path.isfile(folder.config_path):
+        raise FileNotFoundError(
+            f"no {CONFIG_FILE} in {folder.path}; pass the folder of a `ptmjax train` run, "
+            "which saves its resolved config there"
+        )
+    gin.clear_config()
+    try:
+        parse_gin([folder.config_path])
+        bindings = gin.get_bindings("train")
+        if "model" not in bindings:
+            raise ValueError(f"{folder.config_path} binds no train.model; add e.g. 'train.model = @EncoderDecoder()'")
+        return bindings["model"], bindings.get("mesh_config") or partitioning.MeshConfig()
+    finally:
+        gin.clear_config()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import pathlib
@@ -35,11 +34,10 @@ from flax import linen as nn
 
 from ptmjax import evaluation
 from ptmjax.data import downstream_tasks, objective_tasks, pipeline, tasks
-from ptmjax.gin_files import parse_gin, resolve_gin_file
-from ptmjax.training.architectures import architecture_of
-from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.gin_files import parse_gin, read_model_config, resolve_gin_file
+from ptmjax.model_dir import ModelDir
 from ptmjax.training.loop import train
-from ptmjax.training.trainer import init_params
+from ptmjax.training.model_api import family_of, model_api
 
 EXPERIMENT_DIR = pathlib.Path(__file__).resolve().parent
 REPO_DIR = EXPERIMENT_DIR.parents[1]
@@ -143,7 +141,7 @@ def pretrain(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, nam
         # The arguments of the loop's own train pipeline: this deterministic stream is the one the run read.
         dataset = pipeline.get_dataset(task, "train", {"inputs": inputs, "targets": targets}, batch_size,
                                        seed=seed, shuffle=True, pack=pack,
-                                       feature_converter=architecture_of(model).feature_converter)
+                                       feature_converter=family_of(model).feature_converter)
         tokens = count_tokens(dataset.take(setting.pretrain_steps))
         return {
             "task": task, "model_dir": str(model_dir), **timing,
@@ -160,15 +158,9 @@ def pretrain(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, nam
 
 def restore_params(model_dir: pathlib.Path) -> tuple[nn.Module, Any]:
     """The run's model (from its config.gin) and its newest parameters, on the host."""
-    parse_gin([str(model_dir / "config.gin")])
-    model = gin.get_bindings("train")["model"]
-    gin.clear_config()
-    abstract = nn.unbox(jax.eval_shape(functools.partial(init_params, model), jax.random.key(0)))
-    checkpointer = Checkpointer(str(model_dir / "checkpoints"))
-    try:
-        return model, checkpointer.restore_params(abstract)
-    finally:
-        checkpointer.close()
+    folder = ModelDir(str(model_dir))
+    model, _ = read_model_config(folder)
+    return model, folder.read_params(model_api(model).abstract_params)
 
 
 def finetune(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, name: str, seed: int,

@@ -9,17 +9,15 @@ parameters. Fine-tune it with `--gin_bindings="train.init_checkpoint = 'DIR'"`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
-from typing import Any
 
 import flax.linen as nn
-import jax
 
+from ptmjax import gin_files
 from ptmjax.convert import hf
 from ptmjax.layers import layer_stack
-from ptmjax.tools.inspection import model_and_mesh_from_gin
-from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.model_dir import ModelDir
+from ptmjax.training.model_api import model_api
 
 
 def model_gin(model: nn.Module) -> str:
@@ -34,31 +32,22 @@ def model_gin(model: nn.Module) -> str:
 def import_hf(hf_dir: str, model_dir: str) -> str:
     """Converts a Hugging Face directory into a ptmjax model folder; returns the checkpoint path."""
     model, params = hf.load(hf_dir)
-    os.makedirs(model_dir, exist_ok=True)
-    with open(os.path.join(model_dir, "config.gin"), "w") as f:
+    folder = ModelDir(model_dir)
+    os.makedirs(folder.path, exist_ok=True)
+    with open(folder.config_path, "w") as f:
         f.write(f"# Imported from {os.path.abspath(hf_dir)} by `ptmjax convert`.\n" + model_gin(model))
-    checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), asynchronous=False)
+    checkpointer = folder.checkpointer(asynchronous=False)
     checkpointer.save_params(0, params)
     checkpointer.close()
     return os.path.join(checkpointer.directory, "0")
 
 
-def read_params(model_dir: str, model: nn.Module, step: int | None = None) -> Any:
-    """The parameters of a model folder's checkpoint (default: the newest) as numpy arrays."""
-    from ptmjax.training.trainer import init_params
-
-    abstract = nn.unbox(jax.eval_shape(functools.partial(init_params, model), jax.random.key(0)))
-    checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"))
-    try:
-        return checkpointer.restore_params(abstract, step=step)
-    finally:
-        checkpointer.close()
-
-
 def export_hf(model_dir: str, hf_dir: str, step: int | None = None) -> str:
     """Writes a model folder's checkpoint (default: the newest) as a Hugging Face directory."""
-    model, _ = model_and_mesh_from_gin(model_dir)
-    params = read_params(model_dir, model, step)
-    if layer_stack.scanning_config(model):  # Hugging Face's layout is the unscanned one
-        params, model = layer_stack.unscan(params, model.config), layer_stack.with_scan_layers(model, False)
+    folder = ModelDir(model_dir)
+    model, _ = gin_files.read_model_config(folder)
+    api = model_api(model)
+    params = folder.read_params(api.abstract_params, step=step)
+    if api.scanning:  # Hugging Face's layout is the unscanned one
+        params, model = layer_stack.unscan(params, model.config), api.unscanned().module
     return hf.save(model, params, hf_dir)

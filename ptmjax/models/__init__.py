@@ -1,5 +1,5 @@
-"""Model definitions: shared layers, attention, feed-forward; T5, BART/mBART, GPT-2, BERT/RoBERTa,
-ALBERT, ELECTRA, XLNet-style permutation LM."""
+"""Model families, one module each, built from the shared blocks in ptmjax/layers/: T5, BART/mBART,
+GPT-2, BERT/RoBERTa, ALBERT, ELECTRA, XLNet-style permutation LM."""
 
 from ptmjax.models.albert import Albert, AlbertConfig, AlbertOutput
 from ptmjax.models.bart import Bart, BartConfig

@@ -15,29 +15,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import math
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import gin
 import jax
-import jax.numpy as jnp
-import optax
-from flax import linen as nn
 
 from ptmjax import partitioning
 from ptmjax.models.flops import t5_training_flops
 from ptmjax.models.t5 import T5Config
 from ptmjax.tools.inspection import format_bytes
 from ptmjax.training import loop
-from ptmjax.training.architectures import architecture_of
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.schedules import rsqrt_with_warmup
-from ptmjax.training.trainer import Trainer
+from ptmjax.training.run_spec import RunSpec
 
 GiB = 2**30
 # HBM per chip, from Google Cloud's TPU system-architecture pages
@@ -53,45 +45,6 @@ CPU_TOPOLOGY = "cpu"
 
 class LibtpuMissingError(RuntimeError):
     """Compiling for a TPU topology needs libtpu's compiler, which is not installed."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainSpec:
-    """What `ptmjax train` builds from its gin bindings, minus the data and the run folder.
-
-    `from_gin` reads `train.*` with `ptmjax.training.loop.train`'s defaults.
-    """
-
-    model: nn.Module
-    optimizer: Callable[[optax.Schedule], optax.GradientTransformation]
-    schedule: optax.Schedule
-    loss_config: LossConfig
-    mesh_config: partitioning.MeshConfig
-    batch_size: int
-    task_feature_lengths: Mapping[str, int]
-    num_microbatches: int = 1
-    pack: bool = True
-
-    @classmethod
-    def from_gin(cls) -> TrainSpec:
-        """From the parsed gin config (see `ptmjax.gin_files.parse_gin`)."""
-        bound = gin.get_bindings("train")
-        for name in ("model", "task_feature_lengths", "batch_size"):
-            if name not in bound:
-                raise ValueError(
-                    f"the gin files bind no train.{name}; combine a model, a run and a mesh file, e.g. "
-                    "models/t5_1_1_base.gin, runs/pretrain.gin and mesh/fsdp.gin"
-                )
-        defaults = {name: p.default for name, p in inspect.signature(loop.train).parameters.items()}
-        value = lambda name: bound.get(name, defaults[name])  # noqa: E731
-        return cls(
-            model=value("model"), optimizer=value("optimizer"),
-            schedule=value("schedule") or rsqrt_with_warmup(),
-            loss_config=value("loss_config") or LossConfig(),
-            mesh_config=value("mesh_config") or partitioning.MeshConfig(),
-            batch_size=value("batch_size"), task_feature_lengths=dict(value("task_feature_lengths")),
-            num_microbatches=value("num_microbatches"), pack=value("pack"),
-        )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,20 +200,7 @@ def _flops(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def abstract_batch(spec: TrainSpec, sharding: jax.sharding.Sharding) -> dict[str, jax.ShapeDtypeStruct]:
-    """The global batch the model family's feature converter would produce, as ShapeDtypeStructs."""
-    converter = architecture_of(spec.model).feature_converter(pack=spec.pack)
-    lengths = converter.get_model_feature_lengths(spec.task_feature_lengths)
-    batch = {}
-    for name, length in lengths.items():
-        feature = converter.MODEL_FEATURES.get(name)  # packing's segment ids and positions are int32
-        dtype = feature.dtype.as_numpy_dtype if feature else jnp.int32
-        shape = (spec.batch_size,) if feature and feature.rank == 0 else (spec.batch_size, length)
-        batch[name] = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-    return batch
-
-
-def model_flops(spec: TrainSpec) -> float | None:
+def model_flops(spec: RunSpec) -> float | None:
     """The model FLOPs of one step (T5 only; see ptmjax/models/flops.py)."""
     config = getattr(spec.model, "config", None)
     if not isinstance(config, T5Config):
@@ -284,24 +224,16 @@ class CompiledStep:
     rng: jax.ShapeDtypeStruct
 
 
-def compile_train_step(spec: TrainSpec, topology: Topology) -> CompiledStep:
+def compile_train_step(spec: RunSpec, topology: Topology) -> CompiledStep:
     """Lowers and compiles the Trainer's train step for `topology`; nothing is allocated."""
     mesh = partitioning.make_mesh(spec.mesh_config, topology.devices)
-    ways = partitioning.data_parallel_size(mesh) * spec.num_microbatches
-    if spec.batch_size % ways:
-        raise ValueError(
-            f"train.batch_size={spec.batch_size} does not split over the {ways} data-parallel devices "
-            f"times microbatches of mesh {dict(mesh.shape)}; pick a multiple of {ways}"
-        )
-    trainer = Trainer(spec.model, spec.optimizer(spec.schedule), spec.schedule, mesh, spec.mesh_config.rules,
-                      spec.loss_config, spec.num_microbatches)
+    trainer = spec.trainer(mesh)
     state = jax.tree.map(_with_sharding, trainer.abstract_state, trainer.state_shardings)
-    batch = abstract_batch(spec, trainer.batch_sharding)
+    batch = spec.abstract_batch(trainer.batch_sharding)
     rng = _with_sharding(jax.eval_shape(jax.random.key, 0), trainer.replicated)
 
     start = time.perf_counter()
-    with jax.set_mesh(mesh):
-        lowered = trainer._train_step.lower(state, batch, rng)  # noqa: SLF001 - the Trainer's own jitted step
+    lowered = trainer.lower_train_step(state, batch, rng)
     lowered_at = time.perf_counter()
     compiled, memory, error, flops = None, None, None, None
     try:
@@ -341,6 +273,6 @@ def main(args: argparse.Namespace) -> int:
     except LibtpuMissingError as error:
         raise SystemExit(f"ptmjax compile: {error}") from None
     parse_gin(args.gin_file, args.gin_bindings)
-    report = compile_train_step(TrainSpec.from_gin(), topology).report
+    report = compile_train_step(loop.run_spec_from_gin(), topology).report
     print(report)
     return 1 if report.fits is False else 0

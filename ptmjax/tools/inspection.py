@@ -16,7 +16,6 @@ total is the sum of those, i.e. what the most loaded device holds.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import html
 import io
 import math
@@ -29,10 +28,9 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Sharding
 
-from ptmjax import partitioning
-from ptmjax.layers import layer_stack
-from ptmjax.training.checkpoints import saved_state_metadata
-from ptmjax.training.trainer import init_params
+from ptmjax import gin_files, partitioning
+from ptmjax.model_dir import ModelDir, saved_mesh_shape
+from ptmjax.training.model_api import model_api
 
 OPT_STATE = "opt_state"
 TOTAL = "total"
@@ -266,14 +264,16 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
       rules: logical-axis rules (default: the run's).
       step: which checkpoint (default: the newest).
       include_opt_state: add rows for the optimizer state.
-      num_devices: how many devices a -1 axis fills (default: jax.device_count()).
-        The mesh is abstract, so it may be larger than this machine.
+      num_devices: how many devices a -1 axis fills (default: as many as the
+        checkpoint was saved from, else jax.device_count()). The mesh is
+        abstract, so it may be larger than this machine.
 
     Note: parses the run's config.gin into gin's global config and clears
     gin's config afterwards.
     """
-    state_dir, step = _checkpoint_state_dir(model_dir, step)
-    model, mesh_config = model_and_mesh_from_gin(model_dir)
+    folder = ModelDir(model_dir)
+    step = folder.checkpoint_step(step)
+    model, mesh_config = gin_files.read_model_config(folder)
     if mesh_axes is not None:
         unknown = set(mesh_axes) - set(partitioning.MESH_AXES)
         if unknown:
@@ -283,63 +283,26 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
     if rules is not None:
         mesh_config = dataclasses.replace(mesh_config, rules=tuple(rules))
 
-    boxed = jax.eval_shape(functools.partial(init_params, model), jax.random.key(0))
-    mirrors = None  # a scanned model's optimizer state mirrors its unscanned twin's parameters
-    if layer_stack.scanning_config(model):
-        plain = jax.eval_shape(functools.partial(init_params, layer_stack.with_scan_layers(model, False)),
-                               jax.random.key(0))
-        mirrors = (nn.unbox(plain), nn.get_partition_spec(plain))
-    on_disk = saved_state_metadata(state_dir)
+    api = model_api(model)
+    plain = api.unscanned()  # a scanned model's optimizer state mirrors its unscanned twin's parameters
+    mirrors = None if plain is api else (plain.abstract_params, plain.logical_axes)
+    on_disk = folder.state_metadata(step)
     params = on_disk["params"]
-    _check_same_shapes(nn.unbox(boxed), params, model_dir)
+    _check_same_shapes(api.abstract_params, params, folder.path)
     if num_devices is None:
         sizes = [getattr(mesh_config, a) for a in partitioning.MESH_AXES]
-        num_devices = math.prod(sizes) if -1 not in sizes else jax.device_count()
+        saved_mesh = saved_mesh_shape(on_disk)  # a -1 axis fills as many devices as the run saved from
+        if -1 not in sizes:
+            num_devices = math.prod(sizes)
+        else:
+            num_devices = jax.device_count() if saved_mesh is None else math.prod(saved_mesh.values())
     sizes = mesh_config.axis_sizes(num_devices)
     mesh = AbstractMesh(tuple(sizes.values()), tuple(sizes))
     return inspect_layout(
-        params, nn.get_partition_spec(boxed), mesh, mesh_config.rules,
+        params, api.logical_axes, mesh, mesh_config.rules,
         on_disk.get(OPT_STATE) if include_opt_state else None,
-        title=f"{os.path.basename(os.path.abspath(model_dir))} step {step}", opt_state_mirrors=mirrors,
+        title=f"{os.path.basename(folder.path)} step {step}", opt_state_mirrors=mirrors,
     )
-
-
-def _checkpoint_state_dir(model_dir: str, step: int | None) -> tuple[str, int]:
-    root = os.path.join(model_dir, "checkpoints")
-    steps = sorted(int(d) for d in os.listdir(root) if d.isdigit()) if os.path.isdir(root) else []
-    steps = [s for s in steps if os.path.isdir(os.path.join(root, str(s), "state"))]
-    if not steps:
-        raise FileNotFoundError(
-            f"no checkpoint under {root}; pass the model_dir of a `ptmjax train` run that saved one"
-        )
-    step = steps[-1] if step is None else step
-    if step not in steps:
-        raise FileNotFoundError(f"no checkpoint for step {step} under {root}; saved steps: {steps}")
-    return os.path.join(root, str(step), "state"), step
-
-
-def model_and_mesh_from_gin(model_dir: str) -> tuple[nn.Module, partitioning.MeshConfig]:
-    """The `train.model` and mesh config of a model folder's config.gin; gin's config is left cleared."""
-    import gin
-
-    from ptmjax.gin_files import parse_gin
-
-    config = os.path.join(model_dir, "config.gin")
-    if not os.path.isfile(config):
-        raise FileNotFoundError(
-            f"no config.gin in {model_dir}; pass the folder of a `ptmjax train` run, "
-            "which saves its resolved config there"
-        )
-    gin.clear_config()
-    try:
-        parse_gin([config])
-        bindings = gin.get_bindings("train")
-        if "model" not in bindings:
-            raise ValueError(f"{config} binds no train.model; add e.g. 'train.model = @EncoderDecoder()'")
-        mesh_config = bindings.get("mesh_config") or partitioning.MeshConfig()
-        return bindings["model"], mesh_config
-    finally:
-        gin.clear_config()
 
 
 def _check_same_shapes(model_params: Any, saved_params: Any, model_dir: str) -> None:

@@ -29,16 +29,18 @@ class Checkpointer:
       directory: the checkpoint folder (created if missing).
       max_to_keep: how many recent checkpoints to keep.
       asynchronous: write in a background thread while training goes on.
+      read_only: only read: create nothing, not even a missing `directory`.
     """
 
-    def __init__(self, directory: str, max_to_keep: int = 3, asynchronous: bool = True):
+    def __init__(self, directory: str, max_to_keep: int = 3, asynchronous: bool = True, read_only: bool = False):
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = os.path.abspath(directory)
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep, enable_async_checkpointing=asynchronous, create=True
+                max_to_keep=max_to_keep, enable_async_checkpointing=asynchronous, create=not read_only,
+                read_only=read_only,
             ),
         )
 
@@ -112,13 +114,6 @@ class Checkpointer:
             ),
         )
         return restored["state"]["params"]
-
-    def saved_params(self, step: int | None = None) -> Any:
-        """The tree of the saved parameters' metadata (shape, dtype), read from disk; nothing is restored."""
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        return saved_state_metadata(os.path.join(self.directory, str(step), "state"))["params"]
 
     def wait(self) -> None:
         """Blocks until pending saves are on disk."""

@@ -10,6 +10,7 @@ Run as several processes (one per host), every process runs it alike; see
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import os
 import time
@@ -24,15 +25,13 @@ from tqdm.auto import tqdm
 
 from ptmjax import partitioning
 from ptmjax.data import pipeline
+from ptmjax.model_dir import ModelDir
 from ptmjax.training import multihost
-from ptmjax.training.architectures import architecture_of
-from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.optimizers import adafactor
-from ptmjax.training.schedules import rsqrt_with_warmup
-from ptmjax.training.trainer import Trainer
+from ptmjax.training.run_spec import RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,25 +102,22 @@ def train(
     mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
     _check_positive(batch_size=batch_size, num_steps=num_steps, log_every=log_every,
                     eval_every=eval_every, checkpoint_every=checkpoint_every)
-    os.makedirs(model_dir, exist_ok=True)
-    schedule = schedule or rsqrt_with_warmup()
-    loss_config = loss_config or LossConfig()
-    mesh_config = mesh_config or partitioning.MeshConfig()
-    mesh = partitioning.make_mesh(mesh_config)
-    data_ways = partitioning.data_parallel_size(mesh)
-    if batch_size % (data_ways * num_microbatches):
-        raise ValueError(
-            f"batch_size {batch_size} must divide over the {data_ways} data-parallel devices "
-            f"times num_microbatches={num_microbatches}; pick a multiple of {data_ways * num_microbatches}"
-        )
+    folder = ModelDir(model_dir)
+    if init_checkpoint is not None and not folder.saved_steps():
+        ModelDir(init_checkpoint).checkpoint_step()  # fails here, before anything is built or written
+    spec = RunSpec(
+        model=model, batch_size=batch_size, task_feature_lengths=task_feature_lengths, optimizer=optimizer,
+        schedule=schedule, loss_config=loss_config, mesh_config=mesh_config, num_microbatches=num_microbatches,
+        pack=pack,
+    )  # fmt: skip
+    mesh = partitioning.make_mesh(spec.mesh_config)
     _check_vocabulary(model, mixture_or_task_name)
-
-    trainer = Trainer(model, optimizer(schedule), schedule, mesh, mesh_config.rules,
-                      loss_config, num_microbatches)
-    checkpointer = Checkpointer(os.path.join(model_dir, "checkpoints"), max_to_keep=keep_checkpoints)
+    trainer = spec.trainer(mesh)
+    os.makedirs(folder.path, exist_ok=True)
+    checkpointer = folder.checkpointer(max_to_keep=keep_checkpoints)
     primary = multihost.is_primary()
     log = MetricsLog(model_dir, read_only=not primary)
-    config_path = os.path.join(model_dir, "config.gin")
+    config_path = folder.config_path
     if primary:
         with open(config_path, "w") as f:
             f.write(gin.operative_config_str())
@@ -142,7 +138,7 @@ def train(
         return pipeline.get_dataset(
             mixture_or_task_name, split, task_feature_lengths, batch_size // jax.process_count(),
             seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
-            feature_converter=architecture_of(model).feature_converter, **kwargs,
+            feature_converter=trainer.api.family.feature_converter, **kwargs,
         )
 
     train_iter = pipeline.ResumableIterator(
@@ -171,7 +167,7 @@ def train(
         for step in range(start, num_steps):
             host_batch = next(train_iter)
             if tokens_per_step is None:
-                fields = architecture_of(model).init_fields
+                fields = trainer.api.family.init_fields
                 tokens_per_step = sum(host_batch[name].size for name in fields) * jax.process_count()
             batch = partitioning.global_batch(host_batch, mesh)
             state, metrics = trainer.train_step(state, batch, dropout_rng)
@@ -212,6 +208,19 @@ def train(
         "loss_curve": log.plot() if log.records() else "",
     }
     return TrainResult(model_dir, final_step, train_loss, eval_metrics, preempted, files)
+
+
+def run_spec_from_gin() -> RunSpec:
+    """The RunSpec that `train` builds from the parsed gin config (see `ptmjax.gin_files.parse_gin`)."""
+    bound = gin.get_bindings("train")
+    for name in ("model", "task_feature_lengths", "batch_size"):
+        if name not in bound:
+            raise ValueError(
+                f"the gin files bind no train.{name}; combine a model, a run and a mesh file, e.g. "
+                "models/t5_1_1_base.gin, runs/pretrain.gin and mesh/fsdp.gin"
+            )
+    defaults = {name: p.default for name, p in inspect.signature(train).parameters.items()}
+    return RunSpec(**{f.name: bound.get(f.name, defaults[f.name]) for f in dataclasses.fields(RunSpec)})
 
 
 def _check_positive(**values: int) -> None:

@@ -1,7 +1,7 @@
 """Pure train and eval steps: `(state, batch, rng) -> (state, metrics)`.
 
 The batch is the output of the model family's seqio feature converter. Its
-target fields feed the family's loss (ptmjax/training/architectures.py);
+target fields feed the family's loss (`ModelApi.loss`, ptmjax/training/model_api.py);
 every other field is passed to the model by name.
 
 The optimised objective is `token loss / normalizer + mean over microbatches
@@ -18,7 +18,7 @@ include it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -27,54 +27,14 @@ import optax
 from flax import linen as nn
 
 from ptmjax import partitioning
-from ptmjax.training.architectures import Architecture, architecture_of
 from ptmjax.training.losses import LossConfig
+from ptmjax.training.model_api import Batch, ModelApi
 from ptmjax.training.model_losses import Stats
 from ptmjax.training.train_state import TrainState
 
-Batch = Mapping[str, jax.Array]
-EVAL_SAMPLE_SEED = 0  # eval draws (ELECTRA's generator samples) use a fixed key, so evaluations compare
-
-
-def model_rngs(architecture: Architecture, rng: jax.Array | None, train: bool) -> dict[str, jax.Array]:
-    """The rngs of one model application: 'dropout' in training, and the family's own streams."""
-    if rng is None:
-        rng = jax.random.key(EVAL_SAMPLE_SEED)
-    rngs = {name: jax.random.fold_in(rng, i + 1) for i, name in enumerate(architecture.rng_streams)}
-    if train:
-        rngs["dropout"] = rng
-    return rngs
-
-
-def objective_and_stats(
-    model: nn.Module, params: Any, batch: Batch, loss_config: LossConfig,
-    dropout_rng: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array, Stats]:
-    """Runs the model on `batch` (dropout on iff `dropout_rng` is given).
-
-    Returns (summed token loss, per-batch loss including the sown aux losses, stats).
-    """
-    architecture = architecture_of(model)
-    inputs = {k: v for k, v in batch.items() if k not in architecture.target_fields}
-    outputs, variables = model.apply(
-        {"params": params}, **inputs, enable_dropout=dropout_rng is not None,
-        rngs=model_rngs(architecture, dropout_rng, train=dropout_rng is not None), mutable=["losses"],
-    )  # fmt: skip
-    terms = architecture.loss(outputs, batch, loss_config)
-    sown = jax.tree.leaves(variables.get("losses", {}))
-    aux = sum((jnp.sum(x.astype(jnp.float32)) for x in sown), jnp.zeros((), jnp.float32))
-    tokens = terms.stats.counts["token_loss"]
-    stats = terms.stats.merge(Stats.of(moe_aux_loss=(aux * tokens, tokens)))
-    return terms.token_loss, terms.batch_loss + aux, stats
-
-
-def eval_stats(model: nn.Module, params: Any, batch: Batch, loss_config: LossConfig) -> Stats:
-    """Runs the model on `batch` without dropout and sums its statistics."""
-    return objective_and_stats(model, params, batch, loss_config)[2]
-
 
 def make_train_step(
-    model: nn.Module, tx: optax.GradientTransformation, schedule: optax.Schedule,
+    api: ModelApi, tx: optax.GradientTransformation, schedule: optax.Schedule,
     loss_config: LossConfig, rules: partitioning.Rules, num_microbatches: int = 1,
 ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds the train step; jit it with the state and batch shardings.
@@ -85,11 +45,11 @@ def make_train_step(
     once per batch (see the module docstring).
     """
 
-    loss_weights = architecture_of(model).loss_weights
+    loss_weights = api.family.loss_weights
 
     def grads_and_stats(params, batch, rng, batch_loss_scale):
         def loss_fn(p):
-            token_loss, batch_loss, stats = objective_and_stats(model, p, batch, loss_config, rng)
+            token_loss, batch_loss, stats = api.loss(p, batch, loss_config, rng)
             return token_loss + batch_loss * batch_loss_scale, stats
         (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         return grads, stats
@@ -137,13 +97,13 @@ def make_train_step(
 
 
 def make_eval_step(
-    model: nn.Module, loss_config: LossConfig, rules: partitioning.Rules
+    api: ModelApi, loss_config: LossConfig, rules: partitioning.Rules
 ) -> Callable[[Any, Batch], Stats]:
     """Builds the eval step: summed statistics of one batch, no dropout."""
 
     def eval_step(params, batch: Batch) -> Stats:
         with nn.logical_axis_rules(rules):
-            return eval_stats(model, params, batch, loss_config)
+            return api.loss(params, batch, loss_config)[2]
 
     return eval_step
 

@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 
 from ptmjax import cli, gin_files
+from ptmjax.model_dir import ModelDir
 from ptmjax.models import AlbertConfig, BartConfig, BertConfig, ElectraConfig, GPT2Config, T5Config
+from ptmjax.training.model_api import model_api
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from ptmjax.convert import checkpoint, hf, hf_albert, hf_bart, hf_bert, hf_electra, hf_gpt2, hf_t5  # noqa: E402
+from ptmjax.convert import hf, hf_albert, hf_bart, hf_bert, hf_electra, hf_gpt2, hf_t5  # noqa: E402
 
 BERT = BertConfig(vocab_size=99, d_model=24, num_heads=3, num_layers=2, d_ff=40, max_length=32)
 GPT2 = GPT2Config(vocab_size=2176, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=64)
@@ -126,7 +128,7 @@ def test_cli_convert_both_ways_and_fine_tune_from_the_import(tmp_path):
     assert_same_weights(type(original).from_pretrained(out), original)
 
     # Fine-tuning starts from the imported parameters: with a zero learning rate they stay exactly.
-    imported = checkpoint.read_params(ckpt, hf.load(str(tmp_path / "hf"))[0])
+    imported = ModelDir(ckpt).read_params(model_api(hf.load(str(tmp_path / "hf"))[0]).abstract_params)
     gin_files.parse_gin(
         ["runs/gpt2_demo.gin", os.path.join(ckpt, "config.gin")],  # the imported config wins
         [f"train.init_checkpoint = '{ckpt}'", "train.task_feature_lengths = {'targets': 32}", "train.batch_size = 8",
@@ -139,18 +141,18 @@ def test_cli_convert_both_ways_and_fine_tune_from_the_import(tmp_path):
         loop.train(str(tmp_path / "finetune"))
     finally:
         gin.clear_config()
-    tuned = checkpoint.read_params(str(tmp_path / "finetune"), hf.load(str(tmp_path / "hf"))[0])
+    abstract = model_api(hf.load(str(tmp_path / "hf"))[0]).abstract_params
+    tuned = ModelDir(str(tmp_path / "finetune")).read_params(abstract)
     jax.tree.map(np.testing.assert_array_equal, tuned, imported)
 
 
 def test_joint_electra_saves_generator_and_discriminator_sharing_embeddings(tmp_path):
     from ptmjax.models import ElectraPretraining, ElectraPretrainingConfig
-    from ptmjax.training.trainer import init_params
 
     config = ElectraPretrainingConfig(
         generator=dataclasses.replace(ELECTRA, d_model=12, num_heads=3, d_ff=20), discriminator=ELECTRA
     )
-    params = jax.device_get(nn.unbox(init_params(ElectraPretraining(config), jax.random.key(0))))
+    params = jax.device_get(nn.unbox(model_api(ElectraPretraining(config)).init(jax.random.key(0))))
     hf.save(ElectraPretraining(config), params, str(tmp_path))
     want = hf_electra.pretraining_to_hf(params, config)
     for role, hf_class in (("generator", "ElectraForMaskedLM"), ("discriminator", "ElectraForPreTraining")):

@@ -8,8 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from ptmjax import cli, partitioning
+from ptmjax import cli, gin_files, partitioning
 from ptmjax.tools import aot_compile as aot
+from ptmjax.training import loop
+from ptmjax.training.run_spec import RunSpec
 
 TINY = [
     "models/t5_1_1_tiny.gin", "runs/pretrain.gin", "mesh/dp_fsdp_tp.gin",
@@ -20,11 +22,11 @@ TINY_BINDINGS = [
 ]
 
 
-def spec_from(gin_files, bindings) -> aot.TrainSpec:
+def spec_from(files, bindings) -> RunSpec:
     gin.clear_config()
     try:
-        gin_files.parse_gin(gin_files, bindings)
-        return aot.TrainSpec.from_gin()
+        gin_files.parse_gin(files, bindings)
+        return loop.run_spec_from_gin()
     finally:
         gin.clear_config()
 
@@ -58,7 +60,7 @@ def test_unknown_topology_names_the_known_generations():
 def test_gin_without_a_model_names_the_missing_binding():
     gin.clear_config()
     with pytest.raises(ValueError, match="bind no train.model"):
-        aot.TrainSpec.from_gin()
+        loop.run_spec_from_gin()
 
 
 def test_memory_report_is_the_executables_own_and_covers_the_sharded_state(cpu_compile):

@@ -35,10 +35,10 @@ def make_trainer(mesh_config: MeshConfig, config: T5Config = CONFIG) -> Trainer:
                    partitioning.make_mesh(mesh_config), mesh_config.rules)
 
 
-def write_run(model_dir, config: T5Config, state) -> str:
+def write_run(model_dir, config: T5Config, state, fsdp: int = 8) -> str:
     """A run folder as `ptmjax train` leaves it: config.gin (saved on fsdp=8) and a checkpoint at step 3."""
     lines = ["train.model = @EncoderDecoder()", "EncoderDecoder.config = @T5Config()",
-             "train.mesh_config = @MeshConfig()", "MeshConfig.data = 1", "MeshConfig.fsdp = 8"]
+             "train.mesh_config = @MeshConfig()", "MeshConfig.data = 1", f"MeshConfig.fsdp = {fsdp}"]
     lines += [f"T5Config.{k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
     (model_dir / "config.gin").write_text("\n".join(lines) + "\n")
     checkpointer = Checkpointer(str(model_dir / "checkpoints"))
@@ -182,3 +182,30 @@ def test_example_notebook_runs_top_to_bottom(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "predicted fsdp=8 layout equals the restored arrays' actual layout" in out
     assert "fsdp=64" in out
+
+
+def test_inspect_takes_a_relative_run_path(run_dir, monkeypatch, capsys):
+    """`ptmjax inspect runs/demo`, as the README writes it: Orbax needs absolute paths, the tool makes them."""
+    want = inspect_checkpoint(run_dir)
+    monkeypatch.chdir(os.path.dirname(run_dir))
+    relative = os.path.basename(run_dir)
+    got = inspect_checkpoint(relative)
+    assert got.rows == want.rows and dict(got.mesh_shape) == dict(want.mesh_shape)
+    capsys.readouterr()
+    assert cli.main(["inspect", relative]) == 0
+    assert "token_embedder/embedding" in capsys.readouterr().out
+
+
+def test_minus_one_axis_fills_the_devices_the_run_saved_from_on_a_one_device_host(fsdp8, tmp_path):
+    """A run saved on 8 devices with fsdp=-1 inspects in a fresh 1-device process as fsdp=8."""
+    import subprocess
+    import sys
+
+    run = write_run(tmp_path, CONFIG, fsdp8[1], fsdp=-1)
+    code = (
+        "import jax; from ptmjax.tools.inspection import inspect_checkpoint; "
+        f"t = inspect_checkpoint({run!r}); "
+        "print(jax.device_count(), dict(t.mesh_shape)['fsdp'], t.row('token_embedder/embedding').device_bytes)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["1", "8", str(128 * 32 * 4 // 8)]

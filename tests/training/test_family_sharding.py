@@ -18,8 +18,8 @@ import pytest
 from ptmjax import gin_files, partitioning
 from ptmjax.data import pipeline
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.architectures import architecture_of
 from ptmjax.training.losses import LossConfig
+from ptmjax.training.model_api import family_of
 from ptmjax.training.trainer import Trainer
 
 # run file -> (task feature lengths, metrics to compare)
@@ -44,7 +44,7 @@ def model_and_batch(run_file: str):
         gin.clear_config()
     dataset = pipeline.get_dataset(
         task, "validation", lengths, BATCH, seed=0, shuffle=False, pack=pack,
-        feature_converter=architecture_of(model).feature_converter,
+        feature_converter=family_of(model).feature_converter,
     )  # fmt: skip
     return model, next(dataset.as_numpy_iterator())
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import glob
+import os
 
 import jax
 import numpy as np
@@ -17,7 +18,8 @@ from ptmjax.models import GPT2, Bert, BertConfig, GPT2Config
 from ptmjax.partitioning import MeshConfig
 from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.init_checkpoint import initial_params
-from ptmjax.training.trainer import Trainer, init_params
+from ptmjax.training.model_api import model_api
+from ptmjax.training.trainer import Trainer
 
 PLAIN = GPT2Config(vocab_size=64, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16)
 SCANNED = dataclasses.replace(PLAIN, scan_layers=True)
@@ -26,7 +28,7 @@ MESH = MeshConfig(data=2, fsdp=2, tensor=2)
 
 def model_folder(path, config) -> dict:
     """A model folder as `ptmjax convert` writes it; returns its (host) parameters, unscanned."""
-    params = jax.device_get(nn.unbox(init_params(GPT2(PLAIN), jax.random.key(0))))
+    params = jax.device_get(nn.unbox(model_api(GPT2(PLAIN)).init(jax.random.key(0))))
     path.mkdir()
     (path / "config.gin").write_text(checkpoint.model_gin(GPT2(config)))
     checkpointer = Checkpointer(str(path / "checkpoints"), asynchronous=False)
@@ -67,3 +69,28 @@ def test_export_of_a_scanned_model_folder_equals_the_plain_export(tmp_path):
     assert plain.keys() == scanned.keys()
     for key in plain:
         np.testing.assert_array_equal(scanned[key], plain[key], err_msg=key)
+
+
+def test_init_checkpoint_without_checkpoints_fails_first_and_creates_nothing(tmp_path, monkeypatch):
+    """The folder is checked before the model is built: neither it nor the new run folder gains anything."""
+    import gin
+
+    from ptmjax import gin_files
+    from ptmjax.training import loop, run_spec
+
+    empty = tmp_path / "not_a_run"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("kept")
+
+    def no_trainer(*args, **kwargs):
+        raise AssertionError("the trainer was built before the init_checkpoint folder was checked")
+
+    monkeypatch.setattr(run_spec.RunSpec, "trainer", no_trainer)
+    gin_files.parse_gin(["runs/demo.gin"], [f"train.init_checkpoint = '{empty}'", "train.show_progress = False"])
+    try:
+        with pytest.raises(FileNotFoundError, match=r"no checkpoint under .*not_a_run/checkpoints"):
+            loop.train(str(tmp_path / "new_run"))
+    finally:
+        gin.clear_config()
+    assert sorted(os.listdir(empty)) == ["notes.txt"]
+    assert not (tmp_path / "new_run").exists()

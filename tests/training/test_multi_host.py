@@ -21,8 +21,8 @@ import numpy as np
 
 from ptmjax import gin_files, partitioning
 from ptmjax.data import pipeline
-from ptmjax.training.architectures import architecture_of
 from ptmjax.training.losses import LossConfig
+from ptmjax.training.model_api import family_of
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.schedules import rsqrt_with_warmup
 from ptmjax.training.trainer import Trainer
@@ -84,7 +84,7 @@ def single_process_reference(num_steps):
                           mesh_config.rules, LossConfig())
     finally:
         gin.clear_config()
-    converter = architecture_of(model).feature_converter
+    converter = family_of(model).feature_converter
 
     def dataset(split, batch_size, shard, shards, **kwargs):
         return pipeline.get_dataset("ptmjax_pretrain", split, lengths, batch_size, seed=0, shard_index=shard,

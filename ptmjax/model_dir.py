@@ -1,0 +1,96 @@
+"""A model folder: what `ptmjax train` and `ptmjax convert` write, and what every tool reads.
+
+```
+MODEL_DIR/
+  config.gin             the resolved gin config; binds train.model (and the mesh)
+  checkpoints/<step>/    Orbax: 'state' (train state, or {'step', 'params'} of an import) and 'data'
+  metrics.jsonl, tensorboard/, loss_curve.png    (runs only)
+```
+
+Paths are made absolute once, here: Orbax refuses relative ones. Reading a
+folder never creates anything in it. `gin_files.read_model_config` rebuilds
+the model its config.gin binds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+import jax
+
+from ptmjax.training.checkpoints import Checkpointer, saved_state_metadata
+
+CONFIG_FILE = "config.gin"
+CHECKPOINTS = "checkpoints"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDir:
+    """A model folder at `path` (made absolute)."""
+
+    path: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", os.path.abspath(os.path.expanduser(self.path)))
+
+    @property
+    def config_path(self) -> str:
+        return os.path.join(self.path, CONFIG_FILE)
+
+    @property
+    def checkpoints_path(self) -> str:
+        return os.path.join(self.path, CHECKPOINTS)
+
+    def saved_steps(self) -> list[int]:
+        """The steps of the complete checkpoints, oldest first (none if there is no checkpoints/ folder)."""
+        root = self.checkpoints_path
+        if not os.path.isdir(root):
+            return []
+        steps = sorted(int(name) for name in os.listdir(root) if name.isdigit())
+        return [step for step in steps if os.path.isdir(os.path.join(root, str(step), "state"))]
+
+    def checkpoint_step(self, step: int | None = None) -> int:
+        """`step` (default: the newest) if its checkpoint exists; else a FileNotFoundError that says what there is."""
+        steps = self.saved_steps()
+        if not steps:
+            raise FileNotFoundError(
+                f"no checkpoint under {self.checkpoints_path}; pass the folder of a `ptmjax train` run that saved "
+                "one, or of a `ptmjax convert --from-hf` import"
+            )
+        if step is None:
+            return steps[-1]
+        if step not in steps:
+            raise FileNotFoundError(
+                f"no checkpoint for step {step} under {self.checkpoints_path}; saved steps: {steps}"
+            )
+        return step
+
+    def state_metadata(self, step: int | None = None) -> dict[str, Any]:
+        """The saved tree of ArrayMetadata (shape, dtype, sharding) of a checkpoint's state; nothing is restored."""
+        return saved_state_metadata(os.path.join(self.checkpoints_path, str(self.checkpoint_step(step)), "state"))
+
+    def checkpointer(self, **options: Any) -> Checkpointer:
+        """The folder's Checkpointer (it creates checkpoints/ when missing: for writing)."""
+        return Checkpointer(self.checkpoints_path, **options)
+
+    def read_params(self, abstract_params: Any, shardings: Any = None, step: int | None = None) -> Any:
+        """A checkpoint's parameters (default: the newest): numpy arrays on the host, or placed on `shardings`."""
+        step = self.checkpoint_step(step)
+        checkpointer = Checkpointer(self.checkpoints_path, read_only=True)
+        try:
+            return checkpointer.restore_params(abstract_params, shardings, step=step)
+        finally:
+            checkpointer.close()
+
+
+def saved_mesh_shape(state_metadata: dict[str, Any]) -> dict[str, int] | None:
+    """The mesh axis sizes the checkpoint's arrays were saved from, or None if it recorded no mesh."""
+    for leaf in jax.tree.leaves(state_metadata, is_leaf=lambda x: hasattr(x, "sharding")):
+        sharding = getattr(leaf, "sharding", None)
+        names, shape = getattr(sharding, "axis_names", None), getattr(sharding, "shape", None)
+        if names is not None and shape is not None and math.prod(int(n) for n in shape) > 0:
+            return {str(name): int(size) for name, size in zip(names, shape, strict=True)}
+    return None

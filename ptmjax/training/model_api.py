@@ -1,0 +1,230 @@
+"""The model API: what every tool knows about a model family, and nothing more.
+
+`model_api(module)` binds a Flax module to its family's `Family` entry and
+gives training, evaluation, inspection, conversion and compilation one way to
+initialise parameters (real or abstract), draw rngs, build batches, compute
+the loss and score targets. No tool initialises parameters any other way.
+
+Why a registry of plain `Family` records instead of a model base class per
+family (T5X's `BaseModel`): the train step is family-free, so a family differs
+only in data (its feature converter and field names) and two functions (its
+loss and the logits its targets are scored against). A new family is one
+entry in `FAMILIES`; the Flax modules stay plain `nn.Module`s that know
+nothing of training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import seqio
+from flax import linen as nn
+
+from ptmjax.data import feature_converters
+from ptmjax.layers import layer_stack
+from ptmjax.models import GPT2
+from ptmjax.models.electra import ElectraPretraining
+from ptmjax.models.encoder import MaskedLMEncoder
+from ptmjax.models.encoder_decoder import EncoderDecoderInterface
+from ptmjax.models.permutation_lm import PermutationLM
+from ptmjax.training import model_losses
+from ptmjax.training.losses import LossConfig
+from ptmjax.training.model_losses import Stats
+
+Array = jax.Array
+Batch = Mapping[str, Array]
+Loss = Callable[[Any, Batch, LossConfig], model_losses.LossTerms]
+EVAL_SAMPLE_SEED = 0  # eval draws (ELECTRA's generator samples) use a fixed key, so evaluations compare
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """How batches are built, scored and decoded for a model family.
+
+    Attributes:
+      feature_converter: the seqio converter class (constructed with `pack=`).
+      init_fields: the model inputs that `module.init` needs, as [batch, length] ints.
+      target_fields: batch features the loss reads and the module does not take.
+      targets: the [batch, length] feature of target token ids that `score` reads.
+      loss_weights: the [batch, length] feature that weighs the targets; its sum normalises the token loss.
+      loss: the family's loss (ptmjax/training/model_losses.py).
+      target_logits: the [batch, length, vocab] logits the targets are scored
+        against, taken from the module's output.
+      rng_streams: rng collections the module draws from besides 'params' and
+        'dropout' (ELECTRA's generator samples from 'sample').
+      predict: the decoding function (key/value-cached greedy, beam, sampling);
+        None until a family's decoding is built.
+    """
+
+    feature_converter: type[seqio.FeatureConverter]
+    init_fields: tuple[str, ...]
+    target_fields: tuple[str, ...]
+    targets: str
+    loss_weights: str
+    loss: Loss
+    target_logits: Callable[[Any], Array] = lambda outputs: outputs
+    rng_streams: tuple[str, ...] = ()
+    predict: Callable[..., Any] | None = None
+
+
+SEQUENCE_TO_SEQUENCE = Family(
+    seqio.EncDecFeatureConverter, ("encoder_input_tokens", "decoder_input_tokens"),
+    ("decoder_target_tokens", "decoder_loss_weights"), "decoder_target_tokens", "decoder_loss_weights",
+    model_losses.sequence_to_sequence_loss,
+)  # fmt: skip
+# Handles causal LM ('targets' only) and prefix LM ('inputs' + 'targets').
+DECODER_ONLY = dataclasses.replace(
+    SEQUENCE_TO_SEQUENCE, feature_converter=seqio.DecoderFeatureConverter, init_fields=("decoder_input_tokens",)
+)
+MASKED_LM = Family(
+    feature_converters.MaskedLmFeatureConverter, ("input_tokens",), ("target_tokens", "loss_mask"), "target_tokens",
+    "loss_mask", model_losses.masked_lm_loss, target_logits=lambda outputs: outputs.mlm_logits,
+)  # fmt: skip
+MASKED_LM_WITH_SENTENCE_PAIRS = dataclasses.replace(
+    MASKED_LM, feature_converter=feature_converters.SentencePairFeatureConverter,
+    target_fields=("target_tokens", "loss_mask", "sentence_label"),
+)  # fmt: skip
+PERMUTED_LM = dataclasses.replace(
+    MASKED_LM, feature_converter=feature_converters.PermutedLmFeatureConverter,
+    init_fields=("input_tokens", "permutation_rank"), loss=model_losses.permuted_lm_loss,
+    target_logits=lambda outputs: outputs,
+)  # fmt: skip
+# The module reads the original tokens and the MLM selection itself; its generator samples from 'sample'.
+REPLACED_TOKEN_DETECTION = dataclasses.replace(
+    MASKED_LM, init_fields=("input_tokens", "target_tokens", "loss_mask"), target_fields=(),
+    loss=model_losses.replaced_token_detection_loss, target_logits=lambda outputs: outputs.generator_logits,
+    rng_streams=("sample",),
+)  # fmt: skip
+
+FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
+    EncoderDecoderInterface: lambda module: SEQUENCE_TO_SEQUENCE,  # T5, BART
+    GPT2: lambda module: DECODER_ONLY,
+    PermutationLM: lambda module: PERMUTED_LM,
+    # BERT, RoBERTa, ALBERT: with a sentence-pair head (NSP / SOP) the batches carry sentence pairs.
+    MaskedLMEncoder: lambda module: MASKED_LM_WITH_SENTENCE_PAIRS if module.config.pair_head else MASKED_LM,
+    ElectraPretraining: lambda module: REPLACED_TOKEN_DETECTION,
+}
+
+
+def family_of(module: nn.Module) -> Family:
+    """The registered family of `module`'s class; names the known ones if none."""
+    for cls in type(module).__mro__:
+        if cls in FAMILIES:
+            return FAMILIES[cls](module)
+    known = ", ".join(sorted(cls.__name__ for cls in FAMILIES))
+    raise ValueError(
+        f"ptmjax does not know model class {type(module).__name__}; known: {known}. "
+        "Register it in ptmjax.training.model_api.FAMILIES"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelApi:
+    """A Flax module with its family: parameters, rngs, batches, loss and scores.
+
+    Every method is pure over explicit parameters; jit them as needed.
+    """
+
+    module: nn.Module
+    family: Family
+
+    def rngs(self, rng: jax.Array | None, train: bool) -> dict[str, jax.Array]:
+        """The rngs of one application: 'dropout' in training, and the family's own streams.
+
+        Without `rng` (evaluation), the family's streams draw from a fixed key.
+        """
+        if rng is None:
+            rng = jax.random.key(EVAL_SAMPLE_SEED)
+        rngs = {name: jax.random.fold_in(rng, i + 1) for i, name in enumerate(self.family.rng_streams)}
+        if train:
+            rngs["dropout"] = rng
+        return rngs
+
+    def init(self, rng: jax.Array) -> Any:
+        """The parameters, boxed with their logical axes (nn.Partitioned).
+
+        A one-token dummy batch suffices: parameter shapes do not depend on length.
+        Under `jax.eval_shape` this allocates nothing.
+        """
+        tokens = jnp.ones((1, 1), jnp.int32)
+        inputs = {name: tokens for name in self.family.init_fields}
+        return self.module.init({"params": rng, **self.rngs(rng, train=False)}, **inputs)["params"]
+
+    @functools.cached_property
+    def boxed_abstract_params(self) -> Any:
+        """`init`'s result as ShapeDtypeStructs in nn.Partitioned boxes; nothing is allocated."""
+        return jax.eval_shape(self.init, jax.random.key(0))
+
+    @property
+    def abstract_params(self) -> Any:
+        """The parameters' shapes and dtypes (ShapeDtypeStructs), unboxed."""
+        return nn.unbox(self.boxed_abstract_params)
+
+    @property
+    def logical_axes(self) -> Any:
+        """The parameters' logical axis names (a tree of PartitionSpecs)."""
+        return nn.get_partition_spec(self.boxed_abstract_params)
+
+    @property
+    def scanning(self) -> layer_stack.LayerStackConfig | None:
+        """The config if the module scans its layers, else None."""
+        return layer_stack.scanning_config(self.module)
+
+    def unscanned(self) -> ModelApi:
+        """The same model with plain (unscanned) layers: the layout the optimizer, golden files and
+        Hugging Face see. `layer_stack.scan` / `unscan` convert parameters between the two."""
+        if not self.scanning:
+            return self
+        return model_api(layer_stack.with_scan_layers(self.module, False))
+
+    def with_scan_layers(self, scan_layers: bool) -> ModelApi | None:
+        """The same model with `scan_layers` set; None for a family without layer stacks."""
+        other = layer_stack.with_scan_layers(self.module, scan_layers)
+        return None if other is None else model_api(other)
+
+    def model_inputs(self, batch: Batch) -> dict[str, Array]:
+        """The features of `batch` the module takes: all but the target fields."""
+        return {name: value for name, value in batch.items() if name not in self.family.target_fields}
+
+    def loss(
+        self, params: Any, batch: Batch, loss_config: LossConfig, dropout_rng: jax.Array | None = None
+    ) -> tuple[Array, Array, Stats]:
+        """Runs the module on `batch` (dropout on iff `dropout_rng` is given).
+
+        Returns (summed token loss, per-batch loss including the sown aux losses, stats);
+        see ptmjax/training/steps.py for how the train step combines them.
+        """
+        train = dropout_rng is not None
+        outputs, variables = self.module.apply(
+            {"params": params}, **self.model_inputs(batch), enable_dropout=train,
+            rngs=self.rngs(dropout_rng, train), mutable=["losses"],
+        )  # fmt: skip
+        terms = self.family.loss(outputs, batch, loss_config)
+        sown = jax.tree.leaves(variables.get("losses", {}))
+        aux = sum((jnp.sum(x.astype(jnp.float32)) for x in sown), jnp.zeros((), jnp.float32))
+        tokens = terms.stats.counts["token_loss"]
+        stats = terms.stats.merge(Stats.of(moe_aux_loss=(aux * tokens, tokens)))
+        return terms.token_loss, terms.batch_loss + aux, stats
+
+    def score(self, params: Any, batch: Batch) -> Array:
+        """float32 [b]: each row's log-likelihood of its targets, `sum_t w_t log p(y_t | ...)`.
+
+        The targets and weights are the family's (`Family.targets`, `Family.loss_weights`):
+        the decoder targets of an encoder-decoder or decoder-only model, the
+        masked positions of an MLM (a pseudo-log-likelihood). No dropout.
+        """
+        outputs = self.module.apply({"params": params}, **self.model_inputs(batch), rngs=self.rngs(None, False))
+        log_probs = jax.nn.log_softmax(self.family.target_logits(outputs).astype(jnp.float32), axis=-1)
+        targets = batch[self.family.targets]
+        token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, t]
+        return jnp.sum(token_log_probs * batch[self.family.loss_weights].astype(jnp.float32), axis=-1)
+
+
+def model_api(module: nn.Module) -> ModelApi:
+    """`module` with its registered family (raises for an unknown class)."""
+    return ModelApi(module, family_of(module))

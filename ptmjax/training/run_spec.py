@@ -1,0 +1,68 @@
+"""What a training run is, apart from its data and its folder: built the same way by `train` and `compile`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+from jax.sharding import Mesh
+
+from ptmjax import partitioning
+from ptmjax.training.losses import LossConfig
+from ptmjax.training.model_api import model_api
+from ptmjax.training.schedules import rsqrt_with_warmup
+from ptmjax.training.trainer import Trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """The model, optimizer, schedule, loss, mesh and batch of a run: `ptmjax.training.loop.train`'s
+    arguments of these names. `loop.run_spec_from_gin()` reads it from the parsed gin config.
+
+    None takes the default: T5's rsqrt schedule with warmup, `LossConfig()` and
+    `MeshConfig()` with their gin bindings.
+    """
+
+    model: nn.Module
+    batch_size: int
+    task_feature_lengths: Mapping[str, int]
+    optimizer: Callable[[optax.Schedule], optax.GradientTransformation]
+    schedule: optax.Schedule | None = None
+    loss_config: LossConfig | None = None
+    mesh_config: partitioning.MeshConfig | None = None
+    num_microbatches: int = 1
+    pack: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "task_feature_lengths", dict(self.task_feature_lengths))
+        object.__setattr__(self, "schedule", self.schedule or rsqrt_with_warmup())
+        object.__setattr__(self, "loss_config", self.loss_config or LossConfig())
+        object.__setattr__(self, "mesh_config", self.mesh_config or partitioning.MeshConfig())
+
+    def trainer(self, mesh: Mesh) -> Trainer:
+        """The Trainer of this run on `mesh`; checks first that the batch splits over it."""
+        ways = partitioning.data_parallel_size(mesh) * self.num_microbatches
+        if self.batch_size % ways:
+            raise ValueError(
+                f"train.batch_size={self.batch_size} does not split over the {partitioning.data_parallel_size(mesh)} "
+                f"data-parallel devices of mesh {dict(mesh.shape)} times num_microbatches={self.num_microbatches}; "
+                f"pick a multiple of {ways}"
+            )
+        return Trainer(self.model, self.optimizer(self.schedule), self.schedule, mesh, self.mesh_config.rules,
+                       self.loss_config, self.num_microbatches)  # fmt: skip
+
+    def abstract_batch(self, sharding: jax.sharding.Sharding) -> dict[str, jax.ShapeDtypeStruct]:
+        """The global batch the family's feature converter produces, as ShapeDtypeStructs on `sharding`."""
+        converter = model_api(self.model).family.feature_converter(pack=self.pack)
+        lengths = converter.get_model_feature_lengths(self.task_feature_lengths)
+        batch = {}
+        for name, length in lengths.items():
+            feature = converter.MODEL_FEATURES.get(name)  # packing's segment ids and positions are int32
+            dtype = feature.dtype.as_numpy_dtype if feature else jnp.int32
+            shape = (self.batch_size,) if feature and feature.rank == 0 else (self.batch_size, length)
+            batch[name] = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+        return batch
