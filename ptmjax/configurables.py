@@ -9,7 +9,7 @@ from ptmjax import partitioning  # noqa: F401
 from ptmjax.data import language_tags, mixtures, objective_tasks, tasks  # noqa: F401
 from ptmjax.models import albert, bart, bert, electra, gpt2, permutation_lm, t5
 from ptmjax.objectives import translation_lm  # noqa: F401
-from ptmjax.training import loop, losses, optimizers, schedules  # noqa: F401
+from ptmjax.training import checkpoints, loop, losses, multihost, optimizers, schedules  # noqa: F401
 
 gin.external_configurable(t5.EncoderDecoder, module="ptmjax.models")
 gin.external_configurable(gpt2.GPT2, module="ptmjax.models")
