@@ -178,7 +178,6 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     args = _parser().parse_args(argv)
     if args.command == "train":
         return run_train(args)
