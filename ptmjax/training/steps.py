@@ -13,7 +13,8 @@ So each microbatch's differentiated value is its summed token loss plus
 `(batch loss + aux) * normalizer / num_microbatches`, and the gradients are
 divided once by the normaliser. The 'moe_aux_loss' metric reports the aux,
 token-weighted over microbatches and eval batches; the 'loss' metric does not
-include it.
+include it. A model that sows no aux losses (no MoE layers) has no
+'moe_aux_loss' metric: what it sows is fixed when the step is traced.
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ def objective_and_stats(
     terms = architecture.loss(outputs, batch, loss_config)
     sown = jax.tree.leaves(variables.get("losses", {}))
     aux = sum((jnp.sum(x.astype(jnp.float32)) for x in sown), jnp.zeros((), jnp.float32))
-    tokens = terms.stats.counts["token_loss"]
-    stats = terms.stats.merge(Stats.of(moe_aux_loss=(aux * tokens, tokens)))
+    stats = terms.stats
+    if sown:
+        tokens = stats.counts["token_loss"]
+        stats = stats.merge(Stats.of(moe_aux_loss=(aux * tokens, tokens)))
     return terms.token_loss, terms.batch_loss + aux, stats
 
 
