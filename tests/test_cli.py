@@ -187,3 +187,17 @@ def test_bugs_keep_their_traceback(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "run_inspect", broken)
     with pytest.raises(KeyError, match="a bug"):
         cli.main(["inspect", str(tmp_path)])
+
+
+def test_a_missing_required_binding_is_one_line(tmp_path, capsys):
+    import gin
+
+    try:
+        code = cli.main(["train", "--gin_file=models/t5_1_1_tiny.gin", f"--model_dir={tmp_path}"])
+    finally:
+        gin.clear_config()
+    assert code == 1
+    assert capsys.readouterr().err == (
+        "ptmjax train: error: Required bindings for `train` not provided in config: "
+        "['model', 'task_feature_lengths', 'batch_size', 'num_steps']\n"
+    )
