@@ -44,21 +44,25 @@ def install() -> None:
 @contextlib.contextmanager
 def filtered_stderr():
     """Sends fd 2 to a temporary file; writes back all of its lines that are not NOISE."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile(mode="w+b") as capture:
+    if sys.stderr:
+        sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2: nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as capture:
         os.dup2(capture.fileno(), 2)
         try:
             yield
         finally:
-            sys.stderr.flush()
+            if sys.stderr:
+                sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
             capture.seek(0)
-            kept = [line for line in capture.read().decode(errors="replace").splitlines(keepends=True)
-                    if not NOISE.search(line)]
-            sys.stderr.write("".join(kept))
-            sys.stderr.flush()
+            os.write(2, b"".join(line for line in capture.read().splitlines(keepends=True)
+                                 if not NOISE.search(line.decode(errors="replace"))))
 
 
 class _TensorFlowFinder(importlib.abc.MetaPathFinder):
