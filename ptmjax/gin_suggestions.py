@@ -53,10 +53,10 @@ def explain_gin_error(error: Exception) -> str:
     if isinstance(error, SyntaxError) and error.text:
         where.append(error.text.strip())
     message = lines[0].rstrip(".") + (f" ({': '.join(where)})" if where else "")
-    if match := _UNKNOWN_PARAMETER.search(lines[0]):
-        name = match.group(1)
-        parameters = inspect.signature(gin.config._REGISTRY.get_match(name).wrapped).parameters  # noqa: SLF001
-        return message + did_you_mean(match.group(2), parameters, prefix=f"{name}.")
+    match = _UNKNOWN_PARAMETER.search(lines[0])
+    if match and (configurable := gin.config._REGISTRY.get_match(match.group(1))):  # noqa: SLF001
+        parameters = inspect.signature(configurable.wrapped).parameters
+        return message + did_you_mean(match.group(2), parameters, prefix=f"{match.group(1)}.")
     if match := _UNKNOWN_CONFIGURABLE.search(lines[0]):
         return message + did_you_mean(match.group(1), _configurable_names())
     return message

@@ -201,3 +201,19 @@ def test_a_missing_required_binding_is_one_line(tmp_path, capsys):
         "ptmjax train: error: Required bindings for `train` not provided in config: "
         "['model', 'task_feature_lengths', 'batch_size', 'num_steps']\n"
     )
+
+
+def test_a_misspelt_parameter_in_a_gin_file_names_the_file_and_line(tmp_path):
+    import gin
+
+    path = tmp_path / "typo.gin"
+    path.write_text("include 'runs/demo.gin'\ntrain.num_stepss = 4\n")
+    try:
+        with pytest.raises(gin_files.GinConfigError) as raised:
+            gin_files.parse_gin([str(path)])
+    finally:
+        gin.clear_config()
+    assert str(raised.value) == (
+        f"Configurable 'train' doesn't have a parameter named 'num_stepss' (In file \"{path}\", line 2: "
+        "train.num_stepss = 4); did you mean 'train.num_steps'?"
+    )
