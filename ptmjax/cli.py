@@ -1,6 +1,15 @@
 """The `ptmjax` command line: `ptmjax train --gin_file=... --gin_bindings=...`, `ptmjax inspect MODEL_DIR`,
 `ptmjax convert --from-hf HF_DIR --to MODEL_DIR`, `ptmjax convert --from MODEL_DIR --to-hf HF_DIR` and
-`ptmjax compile --topology=v5p:4x4x8 --gin_file=...`."""
+`ptmjax compile --topology=v5p:4x4x8 --gin_file=...`.
+
+Errors a user can fix print one line on stderr and exit with status 1: a
+ValueError (a bad setting the code checks, a mesh that does not fit the
+devices, a gin file or binding gin cannot parse, see GinConfigError),
+FileNotFoundError / NotADirectoryError (a missing gin file, checkpoint or model
+folder) and gin's RuntimeError for a missing required binding. Anything else is
+a bug and keeps its traceback; `--traceback` (before or after the command) or
+PTMJAX_TRACEBACK=1 shows the traceback of every error.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +22,19 @@ from pathlib import Path
 from ptmjax.gin_files import GIN_CONFIGS, parse_gin
 
 DEFAULT_GIN_FILE = "runs/demo.gin"
+TRACEBACK_HELP = "show the full traceback of an error (also: PTMJAX_TRACEBACK=1)"
+EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
+_AFTER = argparse.ArgumentParser(add_help=False)  # every command's parent: --traceback after the command too
+_AFTER.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ptmjax", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ptmjax", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
-        "train", help="pre-train or fine-tune a model from gin files; resumes from --model_dir"
+        "train", help="pre-train or fine-tune a model from gin files; resumes from --model_dir", parents=[_AFTER],
     )
     train.add_argument(
         "--gin_file", action="append", default=None,
@@ -53,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
 def _add_compile_parser(commands: argparse._SubParsersAction) -> None:
     compile_ = commands.add_parser(
         "compile", help="compile the training step for a TPU topology on this host (no TPU needed): "
-        "memory per device against HBM, XLA and model FLOPs",
+        "memory per device against HBM, XLA and model FLOPs", parents=[_AFTER],
     )
     compile_.add_argument(
         "--topology", required=True,
@@ -73,6 +88,7 @@ def _add_compile_parser(commands: argparse._SubParsersAction) -> None:
 def _add_convert_parser(commands: argparse._SubParsersAction) -> None:
     convert = commands.add_parser(
         "convert", help="import a Hugging Face checkpoint directory as a ptmjax model folder, or export one",
+        parents=[_AFTER],
     )
     source = convert.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-hf", dest="from_hf", help="a directory written by transformers' save_pretrained")
@@ -85,7 +101,7 @@ def _add_convert_parser(commands: argparse._SubParsersAction) -> None:
 def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
     inspect = commands.add_parser(
         "inspect", help="table of a run's parameters: shapes, logical axes, sharding, bytes per device; "
-        "reads the checkpoint's metadata only",
+        "reads the checkpoint's metadata only", parents=[_AFTER],
     )
     inspect.add_argument("model_dir", help="the --model_dir of a `ptmjax train` run")
     inspect.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
@@ -178,8 +194,29 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except Exception as error:
+        if args.traceback or os.environ.get("PTMJAX_TRACEBACK") == "1" or not is_expected(error):
+            raise
+        print(f"ptmjax {args.command}: error: {one_line(error)}", file=sys.stderr)
+        return 1
+
+
+def is_expected(error: Exception) -> bool:
+    """Whether `error` is one a user can fix (see the module docstring), not a bug."""
+    missing_binding = isinstance(error, RuntimeError) and str(error).startswith("Required bindings for")
+    return isinstance(error, EXPECTED_ERRORS) or missing_binding
+
+
+def one_line(error: Exception) -> str:
+    """The error's message on one line, without the lines gin adds about the configurable it was raised in."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return " ".join(line for line in lines if not line.startswith("In call to configurable")) or repr(error)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "train":
         return run_train(args)
     if args.command == "inspect":

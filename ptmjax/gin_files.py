@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tokenize
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,32 +11,45 @@ import gin
 from flax import linen as nn
 
 from ptmjax import partitioning
+from ptmjax.gin_suggestions import did_you_mean, explain_gin_error, model_alias
 from ptmjax.model_dir import CONFIG_FILE, ModelDir
 
 GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
 
 
+class GinConfigError(ValueError):
+    """A gin file or binding that does not parse, or names an unknown configurable or parameter."""
+
+
 def resolve_gin_file(name: str) -> str:
-    """Finds a gin file as given, or under gin_configs/; lists choices if missing."""
+    """Finds a gin file as given, or under gin_configs/; suggests the closest names if missing."""
     for candidate in (Path(name), GIN_CONFIGS / name):
         if candidate.is_file():
             return str(candidate)
-    known = sorted(str(p.relative_to(GIN_CONFIGS)) for p in GIN_CONFIGS.rglob("*.gin"))
-    raise FileNotFoundError(f"gin file {name!r} not found; known gin files: {', '.join(known)}")
+    known = sorted(p.relative_to(GIN_CONFIGS).as_posix() for p in GIN_CONFIGS.rglob("*.gin"))
+    missing = f"gin file {name!r} not found (as given or under {GIN_CONFIGS})"
+    if alias := model_alias(name, known):
+        raise FileNotFoundError(f"{missing}; that model is --gin_file={alias}")
+    hint = did_you_mean(name, known) or did_you_mean(Path(name).name, known)
+    raise FileNotFoundError(missing + (hint or f"; known gin files: {', '.join(known)}"))
 
 
 def parse_gin(gin_files: Sequence[str], bindings: Sequence[str] = ()) -> list[str]:
     """Parses gin files (found as given or under gin_configs/) and bindings.
 
     Registers every configurable first, so gin files need no imports; returns
-    the resolved file paths. Usable from notebooks as well as the CLI.
+    the resolved file paths. Raises GinConfigError (one line, with a 'did you
+    mean' for misspelt names) for what gin cannot parse. Usable from notebooks as well as the CLI.
     """
     from ptmjax import configurables  # noqa: F401  (registers configurables and tasks)
 
     paths = [resolve_gin_file(f) for f in gin_files]
     _search_gin_configs_first()
-    with gin.unlock_config():
-        gin.parse_config_files_and_bindings(paths, bindings)
+    try:
+        with gin.unlock_config():
+            gin.parse_config_files_and_bindings(paths, bindings)
+    except (ValueError, SyntaxError, tokenize.TokenError) as error:
+        raise GinConfigError(explain_gin_error(error)) from error
     return paths
 
 

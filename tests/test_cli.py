@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ptmjax import gin_files
+from ptmjax import cli, gin_files
 
 
 def start_training(model_dir, *bindings):
@@ -86,3 +86,134 @@ def test_misspelt_binding_fails_before_any_work_naming_it(binding, name):
             gin_files.parse_gin(["runs/demo.gin"], [binding])
     finally:
         gin.clear_config()
+
+
+@pytest.mark.parametrize("binding,suggestion", [
+    ("train.num_step = 5", "did you mean 'train.num_steps'?"),
+    ("MeshConfig.dat = 2", "did you mean 'MeshConfig.data'?"),
+    ("trian.num_steps = 5", "did you mean 'train'?"),
+    ("train.model = @T5Confg()", "did you mean 'T5Config'?"),
+])
+def test_misspelt_gin_names_get_a_suggestion(binding, suggestion):
+    import gin
+
+    try:
+        with pytest.raises(gin_files.GinConfigError) as raised:
+            gin_files.parse_gin(["runs/demo.gin"], [binding])
+    finally:
+        gin.clear_config()
+    assert str(raised.value).endswith(suggestion) and "\n" not in str(raised.value)
+
+
+def test_gin_syntax_errors_are_gin_config_errors():
+    import gin
+
+    try:
+        with pytest.raises(gin_files.GinConfigError, match="unclosed bracket"):
+            gin_files.parse_gin(["runs/demo.gin"], ["train.num_steps = ("])
+        with pytest.raises(gin_files.GinConfigError, match=r"expected ':' or '='.*train.num_steps 5"):
+            gin_files.parse_gin(["runs/demo.gin"], ["train.num_steps 5"])
+    finally:
+        gin.clear_config()
+
+
+def test_misspelt_gin_file_gets_a_suggestion():
+    with pytest.raises(FileNotFoundError, match=r"did you mean 'runs/demo.gin'"):
+        gin_files.resolve_gin_file("runs/dmeo.gin")
+
+
+@pytest.mark.parametrize("alias,real", [
+    ("models/t5_1_1_xl.gin", "models/t5_1_1_3B.gin"), ("models/t5_1_1_xxl.gin", "models/t5_1_1_11B.gin"),
+    ("models/t5_1_0_xxl.gin", "models/t5_1_0_11B.gin"), ("t5-small", "models/t5_1_0_small.gin"),
+    ("t5-v1_1-xl", "models/t5_1_1_3B.gin"),
+])
+def test_model_aliases_fail_naming_the_real_file(alias, real):
+    with pytest.raises(FileNotFoundError, match=f"that model is --gin_file={real}$"):
+        gin_files.resolve_gin_file(alias)
+
+
+def run_cli(*args, **env):
+    command = [sys.executable, "-m", "ptmjax.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+
+
+def test_a_bad_binding_prints_one_line_and_no_start_up_noise():
+    result = run_cli("train", "--gin_bindings=train.num_step = 5")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "ptmjax train: error: Configurable 'train' doesn't have a parameter named 'num_step' "
+        "(In bindings string line 1: train.num_step = 5); did you mean 'train.num_steps'?"
+    ]
+
+
+@pytest.mark.parametrize("args,env", [
+    (["--traceback", "train", "--gin_file=runs/dmeo.gin"], {}),
+    (["train", "--gin_file=runs/dmeo.gin", "--traceback"], {}),
+    (["train", "--gin_file=runs/dmeo.gin"], {"PTMJAX_TRACEBACK": "1"}),
+])
+def test_traceback_on_request(args, env):
+    result = run_cli(*args, **env)
+    assert result.returncode == 1
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "FileNotFoundError: gin file 'runs/dmeo.gin' not found" in result.stderr
+
+
+def test_a_missing_checkpoint_is_one_line(tmp_path, capsys):
+    assert cli.main(["inspect", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"ptmjax inspect: error: no checkpoint under {tmp_path}/checkpoints; "
+        "pass the model_dir of a `ptmjax train` run that saved one\n"
+    )
+
+
+def test_a_mesh_that_does_not_fit_is_one_line(tmp_path, capsys):
+    import gin
+
+    try:
+        code = cli.main(["train", "--gin_bindings=MeshConfig.data = 3", f"--model_dir={tmp_path}"])
+    finally:
+        gin.clear_config()
+    assert code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "ptmjax train: error: mesh {'data': 3, 'fsdp': 1, 'tensor': 1, 'expert': 1} has 3 devices but 8 are "
+        "available; set one axis to -1 or make the product match"
+    ]
+
+
+def test_bugs_keep_their_traceback(monkeypatch, tmp_path):
+    def broken(args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(cli, "run_inspect", broken)
+    with pytest.raises(KeyError, match="a bug"):
+        cli.main(["inspect", str(tmp_path)])
+
+
+def test_a_missing_required_binding_is_one_line(tmp_path, capsys):
+    import gin
+
+    try:
+        code = cli.main(["train", "--gin_file=models/t5_1_1_tiny.gin", f"--model_dir={tmp_path}"])
+    finally:
+        gin.clear_config()
+    assert code == 1
+    assert capsys.readouterr().err == (
+        "ptmjax train: error: Required bindings for `train` not provided in config: "
+        "['model', 'task_feature_lengths', 'batch_size', 'num_steps']\n"
+    )
+
+
+def test_a_misspelt_parameter_in_a_gin_file_names_the_file_and_line(tmp_path):
+    import gin
+
+    path = tmp_path / "typo.gin"
+    path.write_text("include 'runs/demo.gin'\ntrain.num_stepss = 4\n")
+    try:
+        with pytest.raises(gin_files.GinConfigError) as raised:
+            gin_files.parse_gin([str(path)])
+    finally:
+        gin.clear_config()
+    assert str(raised.value) == (
+        f"Configurable 'train' doesn't have a parameter named 'num_stepss' (In file \"{path}\", line 2: "
+        "train.num_stepss = 4); did you mean 'train.num_steps'?"
+    )

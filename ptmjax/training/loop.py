@@ -3,6 +3,7 @@
 `train` is the gin entry point of a run. It saves the resolved config,
 resumes from the newest checkpoint in `model_dir`, shows a progress bar with
 loss and tokens/s, evaluates on the validation split, and saves on SIGTERM.
+Step times and tokens/s leave out a process's first step, which compiles.
 Run as several processes (one per host), every process runs it alike; see
 `multihost` for what they agree on and which files only process 0 writes.
 """
@@ -160,7 +161,7 @@ def train(
     dropout_rng = jax.random.key(seed + 1)
     tokens_per_step = None  # the model's input tokens per global batch, read off the first batch
     train_loss, eval_metrics, preempted = None, {}, False
-    last_time, last_step = time.perf_counter(), start
+    last_time, last_step = None, start  # timing starts once the first step (and its compile) is done
     with multihost.stop_on_sigterm() as stop_after, tqdm(
         total=num_steps, initial=start, disable=not (show_progress and primary), unit="step", dynamic_ncols=True
     ) as bar:
@@ -173,15 +174,19 @@ def train(
             state, metrics = trainer.train_step(state, batch, dropout_rng)
             done = step + 1
             bar.update(1)
+            if last_time is None:  # the first step compiled: step times start after it
+                jax.block_until_ready(metrics)
+                last_time, last_step = time.perf_counter(), done
             if done % log_every == 0 or done == num_steps:
                 metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                elapsed = time.perf_counter() - last_time
-                metrics["step_time_s"] = elapsed / (done - last_step)
-                metrics["tokens_per_s"] = tokens_per_step / metrics["step_time_s"]
+                if done > last_step:  # a record of the first step itself has no step time
+                    metrics["step_time_s"] = (time.perf_counter() - last_time) / (done - last_step)
+                    metrics["tokens_per_s"] = tokens_per_step / metrics["step_time_s"]
                 last_time, last_step = time.perf_counter(), done
                 log.write(done, metrics)
                 train_loss = metrics["loss"]
-                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+                speed = {"tok_s": f"{metrics['tokens_per_s']:.0f}"} if "tokens_per_s" in metrics else {}
+                bar.set_postfix(loss=f"{train_loss:.3f}", **speed)
             if done % eval_every == 0 or done == num_steps:
                 eval_start = time.perf_counter()
                 eval_metrics = evaluate(state.params)

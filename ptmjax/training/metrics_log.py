@@ -8,11 +8,16 @@ from collections.abc import Mapping
 
 import numpy as np
 
+EVAL_PREFIX = "eval_"
+
 
 class MetricsLog:
     """Appends metrics to `model_dir/metrics.jsonl` and TensorBoard.
 
     Train and eval records share the file; eval keys start with `eval_`.
+    TensorBoard gets two runs, `tensorboard/train` and `tensorboard/eval`, with
+    the same tags (an eval key loses its prefix), so that `loss` or `accuracy`
+    of both overlay in one chart.
     Reading the file back on resume keeps the loss curve continuous.
     With `read_only` (every process but the first of a multi-host run) it
     reads the files but writes nothing.
@@ -24,7 +29,7 @@ class MetricsLog:
         self.jsonl_path = os.path.join(model_dir, "metrics.jsonl")
         self.png_path = os.path.join(model_dir, "loss_curve.png")
         self._tb_dir = os.path.join(model_dir, "tensorboard")
-        self._writer = None
+        self._writers = {}  # 'train' / 'eval' -> its TensorBoard file writer
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.read_only:
@@ -32,13 +37,14 @@ class MetricsLog:
         record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
         with open(self.jsonl_path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        writer = self._tensorboard()
-        with writer.as_default():
-            import tensorflow as tf
+        import tensorflow as tf
 
-            for name, value in metrics.items():
-                tf.summary.scalar(name, float(value), step=int(step))
-        writer.flush()
+        for name, value in metrics.items():
+            run, tag = ("eval", name.removeprefix(EVAL_PREFIX)) if name.startswith(EVAL_PREFIX) else ("train", name)
+            with self._tensorboard(run).as_default():
+                tf.summary.scalar(tag, float(value), step=int(step))
+        for writer in self._writers.values():
+            writer.flush()
 
     def records(self, up_to_step: int | None = None) -> list[dict]:
         """All records so far (optionally only those at or before a step)."""
@@ -82,13 +88,13 @@ class MetricsLog:
         plt.close(fig)
         return self.png_path
 
-    def _tensorboard(self):
-        if self._writer is None:
+    def _tensorboard(self, run: str):
+        if run not in self._writers:
             import tensorflow as tf
 
-            self._writer = tf.summary.create_file_writer(self._tb_dir)
-        return self._writer
+            self._writers[run] = tf.summary.create_file_writer(os.path.join(self._tb_dir, run))
+        return self._writers[run]
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        for writer in self._writers.values():
+            writer.close()

@@ -207,8 +207,10 @@ class ModelApi:
         terms = self.family.loss(outputs, batch, loss_config)
         sown = jax.tree.leaves(variables.get("losses", {}))
         aux = sum((jnp.sum(x.astype(jnp.float32)) for x in sown), jnp.zeros((), jnp.float32))
-        tokens = terms.stats.counts["token_loss"]
-        stats = terms.stats.merge(Stats.of(moe_aux_loss=(aux * tokens, tokens)))
+        stats = terms.stats
+        if sown:  # fixed when the step is traced: a model without MoE layers has no 'moe_aux_loss'
+            tokens = stats.counts["token_loss"]
+            stats = stats.merge(Stats.of(moe_aux_loss=(aux * tokens, tokens)))
         return terms.token_loss, terms.batch_loss + aux, stats
 
     def score(self, params: Any, batch: Batch) -> Array:

@@ -7,7 +7,10 @@ A family's loss turns the model's outputs and the batch into `LossTerms`:
 - `batch_loss`: a loss that is already a mean over this batch (next-sentence
   prediction over rows, ELECTRA's discriminator over all real tokens); the
   train step adds it once per batch;
-- `stats`: metric sums and their counts, for logging.
+- `stats`: metric sums and their counts, for logging. A family without a
+  per-batch loss has no 'batch_loss' metric (it would always be 0); whether it
+  has one is known when the loss is traced, from the model (e.g. BERT with or
+  without its sentence-pair head), not from values.
 
 The 'loss' metric is the whole objective as optimised: the token loss per
 token plus the mean over microbatches (and eval batches) of the batch loss.
@@ -56,9 +59,10 @@ class Stats:
         return Stats({**self.sums, **other.sums}, {**self.counts, **other.counts})
 
     def metrics(self) -> dict[str, Array]:
-        """Each metric's sum / count; 'loss' = token_loss + batch_loss; 'num_tokens' = the weighted target tokens."""
+        """Each metric's sum / count; 'loss' = token_loss + batch_loss (if any); 'num_tokens' = the weighted
+        target tokens."""
         out = {k: self.sums[k] / jnp.maximum(self.counts[k], 1.0) for k in self.sums}
-        out["loss"] = out["token_loss"] + out["batch_loss"]
+        out["loss"] = out["token_loss"] + out.get("batch_loss", 0.0)
         out["num_tokens"] = self.counts["token_loss"]
         return out
 
@@ -82,12 +86,13 @@ def loss_terms(
     loss, z = token_cross_entropy(logits, targets, loss_config.z_loss, loss_config.label_smoothing)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
     token_loss, tokens = jnp.sum(loss * weights), jnp.sum(weights)
-    batch_loss = jnp.zeros((), jnp.float32) if batch_loss is None else batch_loss
+    if batch_loss is not None:
+        extra_stats["batch_loss"] = (batch_loss, 1.0)
     stats = Stats.of(
-        token_loss=(token_loss, tokens), batch_loss=(batch_loss, 1.0), z_loss=(jnp.sum(z * weights), tokens),
+        token_loss=(token_loss, tokens), z_loss=(jnp.sum(z * weights), tokens),
         accuracy=(jnp.sum(correct * weights), tokens), **extra_stats,
     )  # fmt: skip
-    return LossTerms(token_loss, batch_loss, stats)
+    return LossTerms(token_loss, jnp.zeros((), jnp.float32) if batch_loss is None else batch_loss, stats)
 
 
 def real_rows(tokens: Array) -> Array:

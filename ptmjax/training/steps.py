@@ -13,7 +13,8 @@ So each microbatch's differentiated value is its summed token loss plus
 `(batch loss + aux) * normalizer / num_microbatches`, and the gradients are
 divided once by the normaliser. The 'moe_aux_loss' metric reports the aux,
 token-weighted over microbatches and eval batches; the 'loss' metric does not
-include it.
+include it. A model that sows no aux losses (no MoE layers) has no
+'moe_aux_loss' metric: what it sows is fixed when the step is traced.
 """
 
 from __future__ import annotations

@@ -83,6 +83,7 @@ def test_first_step_follows_mlm_plus_nsp_gradient(padding_row):
     first = metrics[0]
     np.testing.assert_allclose(first["loss"], loss, rtol=1e-5)
     np.testing.assert_allclose(first["loss"], first["token_loss"] + first["sentence_loss"], rtol=1e-6)
+    np.testing.assert_allclose(first["batch_loss"], first["sentence_loss"], rtol=1e-6)  # NSP logs its batch loss
     assert first["num_tokens"] == pair_batch(padding_row)["loss_mask"].sum()
     assert metrics[-1]["loss"] < metrics[0]["loss"]
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import types
 
 import jax
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from ptmjax import partitioning
 from ptmjax.data import tasks  # noqa: F401  (registers the tasks)
 from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.training import loop
 from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.loop import train
 from ptmjax.training.optimizers import adafactor
@@ -21,17 +23,33 @@ CONFIG = T5Config(
 )
 
 
-def run(model_dir, num_steps):
+def run(model_dir, num_steps, log_every=1):
     return train(
         str(model_dir), model=EncoderDecoder(CONFIG), task_feature_lengths={"inputs": 32, "targets": 8},
-        batch_size=8, num_steps=num_steps, log_every=1, eval_every=2, eval_batches=1,
+        batch_size=8, num_steps=num_steps, log_every=log_every, eval_every=2, eval_batches=1,
         checkpoint_every=2, show_progress=False,
     )
 
 
-def train_losses(model_dir):
+def records(model_dir):
     with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-        return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+        return [json.loads(line) for line in f]
+
+
+def train_losses(model_dir):
+    return {r["step"]: r["loss"] for r in records(model_dir) if "loss" in r}
+
+
+def tensorboard_scalars(folder):
+    """{tag: {step: value}} of the event files in one TensorBoard run folder."""
+    import tensorflow as tf
+
+    scalars = {}
+    for name in os.listdir(folder):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+    return scalars
 
 
 def final_params(model_dir):
@@ -92,3 +110,32 @@ def test_text_files_task_from_gin_alone(tmp_path):
     assert result.step == 2 and result.eval_metrics["eval_num_tokens"] > 0
     with open(result.files["config"]) as f:
         assert "ptmjax_text_files_span_corruption" in f.read()
+
+
+def test_step_times_leave_out_the_first_step_and_tensorboard_has_train_and_eval_runs(tmp_path, monkeypatch):
+    """A fake clock: the first step (the compile) takes 100 s, later ones 1 s; evaluation no time."""
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+
+    class SlowFirstStep(Trainer):
+        def train_step(self, *args):
+            clock.now += 1.0 if clock.now else 100.0
+            return super().train_step(*args)
+
+    monkeypatch.setattr(loop, "Trainer", SlowFirstStep)
+    run(tmp_path, num_steps=4, log_every=2)
+    train_records = [r for r in records(tmp_path) if "loss" in r]
+    eval_records = [r for r in records(tmp_path) if "eval_loss" in r]
+    assert [r["step"] for r in train_records] == [2, 4] and [r["step"] for r in eval_records] == [2, 4]
+    assert [r["step_time_s"] for r in train_records] == [1.0, 1.0]  # step 2, then steps 3 and 4
+    assert train_records[0]["tokens_per_s"] == train_records[1]["tokens_per_s"] == 8 * (32 + 8)
+    # a dense model without a per-batch loss logs neither metric (they would always be 0)
+    assert not {"moe_aux_loss", "batch_loss"} & set(train_records[0])
+    assert not {"eval_moe_aux_loss", "eval_batch_loss"} & set(eval_records[0])
+
+    train_scalars = tensorboard_scalars(tmp_path / "tensorboard" / "train")
+    eval_scalars = tensorboard_scalars(tmp_path / "tensorboard" / "eval")
+    assert {"loss", "accuracy", "tokens_per_s"} <= set(train_scalars)
+    assert {"loss", "accuracy"} <= set(eval_scalars) and not any(t.startswith("eval_") for t in eval_scalars)
+    assert eval_scalars["loss"] == {r["step"]: np.float32(r["eval_loss"]) for r in eval_records}
+    assert train_scalars["loss"] == {r["step"]: np.float32(r["loss"]) for r in train_records}
