@@ -145,7 +145,8 @@ def pretrain(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, nam
         tokens = count_tokens(dataset.take(setting.pretrain_steps))
         return {
             "task": task, "model_dir": str(model_dir), **timing,
-            "step_time_s": statistics.median(r["step_time_s"] for r in train_logs[1:]),  # [0] has the compile
+            # The loop's step times leave out the first step, which compiles.
+            "step_time_s": statistics.median(r["step_time_s"] for r in train_logs if "step_time_s" in r),
             "train_loss": statistics.fmean(r["loss"] for r in train_logs[-LAST_LOGS:]),
             "eval_loss": eval_logs[-1]["eval_loss"], "eval_accuracy": eval_logs[-1]["eval_accuracy"],
             "loss_curve": [(r["step"], r["loss"]) for r in train_logs],
