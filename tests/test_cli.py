@@ -162,7 +162,7 @@ def test_a_missing_checkpoint_is_one_line(tmp_path, capsys):
     assert cli.main(["inspect", str(tmp_path)]) == 1
     assert capsys.readouterr().err == (
         f"ptmjax inspect: error: no checkpoint under {tmp_path}/checkpoints; "
-        "pass the model_dir of a `ptmjax train` run that saved one\n"
+        "pass the folder of a `ptmjax train` run that saved one, or of a `ptmjax convert --from-hf` import\n"
     )
 
 

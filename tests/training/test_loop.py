@@ -10,7 +10,7 @@ import numpy as np
 from ptmjax import partitioning
 from ptmjax.data import tasks  # noqa: F401  (registers the tasks)
 from ptmjax.models import EncoderDecoder, T5Config
-from ptmjax.training import loop
+from ptmjax.training import loop, run_spec
 from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.loop import train
 from ptmjax.training.optimizers import adafactor
@@ -122,7 +122,7 @@ def test_step_times_leave_out_the_first_step_and_tensorboard_has_train_and_eval_
             clock.now += 1.0 if clock.now else 100.0
             return super().train_step(*args)
 
-    monkeypatch.setattr(loop, "Trainer", SlowFirstStep)
+    monkeypatch.setattr(run_spec, "Trainer", SlowFirstStep)
     run(tmp_path, num_steps=4, log_every=2)
     train_records = [r for r in records(tmp_path) if "loss" in r]
     eval_records = [r for r in records(tmp_path) if "eval_loss" in r]
