@@ -6,57 +6,64 @@ predicts the candidate label whose tokens, EOS included, have the highest
 log-likelihood `sum_t log p(y_t | y_<t, inputs)` under the model; accuracy is
 the fraction of examples whose gold label ranks first.
 
-Scores come from the model API (`ModelApi.score`). Candidates are built as
-seqio `EncDecFeatureConverter` fields, so this takes encoder-decoder models
-(T5, BART): the decoder reads the targets shifted right with 0 first, and id 0
-is padding.
+Each (example, candidate) pair becomes a row through the model family's own
+seqio feature converter, and is scored by the model API (`ModelApi.score`):
+encoder-decoder models (T5, BART) read the inputs in the encoder, decoder-only
+ones (GPT-2) as a bidirectional prefix before the candidate.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import seqio
+import tensorflow as tf
 from flax import linen as nn
 
-from ptmjax.data import pipeline
 from ptmjax.training.model_api import model_api
 
-Array = jax.Array
+SCORED_TARGETS = "decoder_target_tokens"  # families whose targets are a decoder's: seq2seq and decoder-only
 
 
-def candidate_batch(encoder_input_tokens: Array, candidate_tokens: Array) -> dict[str, Array]:
-    """Every example with every candidate: row i * c + j pairs example i ([b, s]) with candidate j ([c, t]).
+def candidate_rows(
+    inputs: Sequence[Sequence[int]], candidate_tokens: np.ndarray, converter: seqio.FeatureConverter,
+    task_feature_lengths: Mapping[str, int], batch_size: int,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Batches of every example with every candidate, as `converter` builds them: row i * c + j pairs
+    example i (token ids with EOS) with candidate j (a row of `candidate_tokens`, padded with 0)."""
+    candidates = [row[row != 0] for row in np.asarray(candidate_tokens)]
 
-    Candidates are token ids, EOS included, padded with 0; returns the unpacked encoder-decoder fields.
-    """
-    num_examples, num_candidates = encoder_input_tokens.shape[0], candidate_tokens.shape[0]
-    targets = jnp.tile(candidate_tokens, (num_examples, 1))
-    return {
-        "encoder_input_tokens": jnp.repeat(encoder_input_tokens, num_candidates, axis=0),
-        "decoder_input_tokens": jnp.pad(targets[:, :-1], ((0, 0), (1, 0))),
-        "decoder_target_tokens": targets,
-        "decoder_loss_weights": (targets != 0).astype(jnp.int32),
-    }
+    def pairs():
+        for example in inputs:
+            for candidate in candidates:
+                yield {"inputs": np.asarray(example, np.int32), "targets": candidate.astype(np.int32)}
+
+    spec = tf.TensorSpec([None], tf.int32)
+    dataset = tf.data.Dataset.from_generator(pairs, output_signature={"inputs": spec, "targets": spec})
+    return converter(dataset, dict(task_feature_lengths)).batch(batch_size).as_numpy_iterator()
 
 
 def candidate_log_likelihoods(
-    model: nn.Module, params: Any, encoder_input_tokens: Array, candidate_tokens: Array
-) -> Array:
-    """float32 [b, c]: log p(candidate j | example i) for inputs [b, s] and candidates [c, t]."""
+    model: nn.Module, params: Any, inputs: Sequence[Sequence[int]], candidate_tokens: np.ndarray,
+    task_feature_lengths: Mapping[str, int], batch_size: int = 32,
+) -> np.ndarray:
+    """float64 [n, c]: log p(candidate j | example i) for n examples and candidates [c, t] (padded with 0)."""
     api = model_api(model)
-    if api.family.feature_converter is not seqio.EncDecFeatureConverter:
+    if api.family.targets != SCORED_TARGETS:
         raise ValueError(
-            f"rank classification scores encoder-decoder models (T5, BART); {type(model).__name__} is not one"
+            f"rank classification scores encoder-decoder and decoder-only models (T5, BART, GPT-2); "
+            f"{type(model).__name__} is neither"
         )
-    scores = api.score(params, candidate_batch(encoder_input_tokens, candidate_tokens))
-    return scores.reshape(encoder_input_tokens.shape[0], candidate_tokens.shape[0])
+    score = jax.jit(api.score)
+    converter = api.family.feature_converter(pack=False)
+    num_candidates = len(candidate_tokens)
+    rows = candidate_rows(inputs, candidate_tokens, converter, task_feature_lengths, batch_size * num_candidates)
+    scores = [np.asarray(score(params, batch), np.float64) for batch in rows]
+    return np.concatenate(scores).reshape(len(inputs), num_candidates)
 
 
 def encode_candidates(vocabulary: seqio.Vocabulary, candidates: Sequence[str], length: int) -> np.ndarray:
@@ -92,26 +99,25 @@ def rank_classification(
 
     Every example's target must be one of `candidates`. Params live on the default device or the host.
     """
-    vocabulary = seqio.get_mixture_or_task(task_name).output_features["targets"].vocabulary
+    task = seqio.get_mixture_or_task(task_name)
+    vocabulary = task.output_features["targets"].vocabulary
     candidate_tokens = encode_candidates(vocabulary, candidates, task_feature_lengths["targets"])
-    score = jax.jit(functools.partial(candidate_log_likelihoods, model))
-    dataset = pipeline.get_dataset(
-        task_name, split, task_feature_lengths, batch_size, seed=0, shuffle=False, pack=False, num_epochs=1,
-        pad_final_batch=True,
-    )  # fmt: skip
-    labels, predictions = [], []
-    for batch in dataset.as_numpy_iterator():
-        targets = batch["decoder_target_tokens"]
-        real = targets.any(axis=1)  # pad_final_batch adds all-zero rows
-        matches = np.all(targets[real, None, :] == candidate_tokens[None], axis=-1)  # [n, c]
-        unknown = np.flatnonzero(~matches.any(axis=1))
-        if unknown.size:
-            text = vocabulary.decode(targets[real][unknown[0]].tolist())
-            raise ValueError(f"{task_name!r} has target {text!r}, which is not among the candidates {list(candidates)}")
-        scores = np.asarray(score(params, batch["encoder_input_tokens"], candidate_tokens))[real]
-        labels.append(matches.argmax(axis=1))
-        predictions.append(scores.argmax(axis=1))
-    if not labels:
+    examples = list(task.get_dataset(dict(task_feature_lengths), split=split, shuffle=False, num_epochs=1, seed=0)
+                    .as_numpy_iterator())  # fmt: skip
+    if not examples:
         raise ValueError(f"the {split!r} split of {task_name!r} is empty")
-    labels_array, predictions_array = np.concatenate(labels), np.concatenate(predictions)
+    candidate_lists = [row[row != 0].tolist() for row in candidate_tokens]
+    labels = []
+    for example in examples:
+        target = example["targets"].tolist()
+        if target not in candidate_lists:
+            raise ValueError(
+                f"{task_name!r} has target {vocabulary.decode(target)!r}, which is not among the candidates "
+                f"{list(candidates)}"
+            )
+        labels.append(candidate_lists.index(target))
+    scores = candidate_log_likelihoods(
+        model, params, [example["inputs"] for example in examples], candidate_tokens, task_feature_lengths, batch_size
+    )
+    labels_array, predictions_array = np.array(labels), scores.argmax(axis=1)
     return RankClassification(float(np.mean(labels_array == predictions_array)), labels_array, predictions_array)

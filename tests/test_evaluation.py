@@ -1,4 +1,4 @@
-"""Rank classification: candidate log-likelihoods of a tiny random T5 against a float64 NumPy reference."""
+"""Rank classification: candidate log-likelihoods of tiny random T5 and GPT-2 against float64 NumPy references."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 import seqio
 
 from ptmjax import evaluation
-from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
 
 CONFIG = T5Config(
     vocab_size=40, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_encoder_layers=1, num_decoder_layers=1,
@@ -21,6 +21,12 @@ def padded(rows: list[list[int]], length: int) -> np.ndarray:
     return np.array([row + [0] * (length - len(row)) for row in rows], np.int32)
 
 
+def log_softmax64(logits) -> np.ndarray:
+    shifted = np.asarray(logits, np.float64)
+    shifted = shifted - shifted.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
 def reference_log_likelihoods(model, params, inputs: list[int], candidates: list[list[int]]) -> list[float]:
     """One unpadded example against each candidate: sum over t of the float64 log-softmax at the target token.
 
@@ -29,9 +35,7 @@ def reference_log_likelihoods(model, params, inputs: list[int], candidates: list
     length = max(map(len, candidates))
     decoder_inputs = padded([[0] + target[:-1] for target in candidates], length)
     encoder_inputs = jnp.array([inputs] * len(candidates))
-    logits = np.asarray(model.apply({"params": params}, encoder_inputs, jnp.asarray(decoder_inputs)), np.float64)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # [c, t, vocab]
+    log_probs = log_softmax64(model.apply({"params": params}, encoder_inputs, jnp.asarray(decoder_inputs)))
     return [float(sum(log_probs[j, t, token] for t, token in enumerate(target))) for j, target in enumerate(candidates)]
 
 
@@ -45,22 +49,44 @@ def model_and_params():
 
 def test_candidate_log_likelihoods_match_a_float64_reference(model_and_params):
     model, params = model_and_params
-    scores = jax.jit(evaluation.candidate_log_likelihoods, static_argnums=0)(
-        model, params, padded(EXAMPLES, 8), padded(CANDIDATES, 5)
-    )
+    scores = evaluation.candidate_log_likelihoods(
+        model, params, EXAMPLES, padded(CANDIDATES, 5), {"inputs": 8, "targets": 5}, batch_size=2
+    )  # 3 examples in batches of 2: the last batch is shorter
     want = np.array([reference_log_likelihoods(model, params, x, CANDIDATES) for x in EXAMPLES])
     assert scores.shape == (3, 4)
-    np.testing.assert_allclose(np.asarray(scores), want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(scores, want, rtol=1e-5, atol=1e-4)
     assert np.ptp(want) > 1.0  # the candidates really differ, so the ranking is tested
-    np.testing.assert_array_equal(np.asarray(scores).argmax(axis=1), want.argmax(axis=1))
+    np.testing.assert_array_equal(scores.argmax(axis=1), want.argmax(axis=1))
 
 
-def test_candidate_batch_pairs_every_example_with_every_candidate():
-    batch = evaluation.candidate_batch(padded(EXAMPLES, 6), padded(CANDIDATES, 4))
-    np.testing.assert_array_equal(batch["encoder_input_tokens"][5], padded(EXAMPLES, 6)[1])  # row 1 * 4 + 1
-    np.testing.assert_array_equal(batch["decoder_target_tokens"][5], [8, 8, 13, 1])
-    np.testing.assert_array_equal(batch["decoder_input_tokens"][5], [0, 8, 8, 13])
-    np.testing.assert_array_equal(batch["decoder_loss_weights"][7], [1, 1, 1, 0])
+def test_decoder_only_candidates_follow_their_example_as_a_bidirectional_prefix():
+    """GPT-2 reads example + candidate as one row; the prefix (the inputs, and the first shifted-in
+    position) attends both ways, and only the candidate's tokens are scored."""
+    model = GPT2(GPT2Config(vocab_size=40, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16,
+                            dropout_rate=0.0, attention_dropout_rate=0.0))  # fmt: skip
+    params = jax.tree.map(lambda x: x * 3.0, jax.jit(model.init)(jax.random.key(1), jnp.ones((1, 1), jnp.int32)))
+    params = params["params"]
+    scores = evaluation.candidate_log_likelihoods(
+        model, params, EXAMPLES, padded(CANDIDATES, 5), {"inputs": 8, "targets": 5}
+    )
+    for i, inputs in enumerate(EXAMPLES):
+        for j, candidate in enumerate(CANDIDATES):
+            row = inputs + candidate
+            causal_prefix = [1] * (len(inputs) + 1) + [0] * (len(candidate) - 1)
+            logits = model.apply({"params": params}, jnp.array([[0] + row[:-1]]),
+                                 decoder_causal_attention=jnp.array([causal_prefix]))  # fmt: skip
+            log_probs = log_softmax64(logits)[0]
+            want = sum(log_probs[len(inputs) + t, token] for t, token in enumerate(candidate))
+            np.testing.assert_allclose(scores[i, j], want, rtol=1e-5, atol=1e-4)
+    assert np.ptp(scores) > 1.0
+
+
+def test_masked_lm_families_are_refused():
+    from ptmjax.models import Bert, BertConfig
+
+    bert = Bert(BertConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_length=16))
+    with pytest.raises(ValueError, match="scores encoder-decoder and decoder-only models .* Bert is neither"):
+        evaluation.candidate_log_likelihoods(bert, {}, EXAMPLES, padded(CANDIDATES, 5), {"inputs": 8, "targets": 5})
 
 
 def test_encode_candidates_pads_and_refuses_what_does_not_fit():

@@ -54,7 +54,8 @@ def test_rank_classification_over_the_task_with_a_tiny_random_t5():
     batch = next(pipeline.get_dataset(downstream_tasks.MODULE_TASK, "validation", LENGTHS, 4, seed=0,
                                       shuffle=False, pack=False).as_numpy_iterator())
     candidates = evaluation.encode_candidates(vocabularies.stdlib_sentencepiece_vocabulary(), labels, 16)
-    scores = evaluation.candidate_log_likelihoods(model, params, batch["encoder_input_tokens"], candidates)
+    inputs = [row[row != 0] for row in batch["encoder_input_tokens"]]
+    scores = evaluation.candidate_log_likelihoods(model, params, inputs, candidates, LENGTHS)
     np.testing.assert_array_equal(result.predictions[:4], np.argmax(scores, axis=1))
     with pytest.raises(ValueError, match="not among the candidates"):
         evaluation.rank_classification(model, params, downstream_tasks.MODULE_TASK, "validation", labels[1:],
