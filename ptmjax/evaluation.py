@@ -24,6 +24,7 @@ import seqio
 import tensorflow as tf
 from flax import linen as nn
 
+from ptmjax.data import pipeline
 from ptmjax.training.model_api import model_api
 
 SCORED_TARGETS = "decoder_target_tokens"  # families whose targets are a decoder's: seq2seq and decoder-only
@@ -99,7 +100,7 @@ def rank_classification(
 
     Every example's target must be one of `candidates`. Params live on the default device or the host.
     """
-    task = seqio.get_mixture_or_task(task_name)
+    task = pipeline.get_task_or_mixture(task_name)
     vocabulary = task.output_features["targets"].vocabulary
     candidate_tokens = encode_candidates(vocabulary, candidates, task_feature_lengths["targets"])
     examples = list(task.get_dataset(dict(task_feature_lengths), split=split, shuffle=False, num_epochs=1, seed=0)

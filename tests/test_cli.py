@@ -217,3 +217,18 @@ def test_a_misspelt_parameter_in_a_gin_file_names_the_file_and_line(tmp_path):
         f"Configurable 'train' doesn't have a parameter named 'num_stepss' (In file \"{path}\", line 2: "
         "train.num_stepss = 4); did you mean 'train.num_steps'?"
     )
+
+
+def test_an_unregistered_task_lists_the_registered_ones_and_creates_nothing(tmp_path, capsys):
+    import gin
+
+    try:
+        code = cli.main(["train", "--gin_bindings=train.mixture_or_task_name = 'no_such_task'",
+                         f"--model_dir={tmp_path / 'run'}"])  # fmt: skip
+    finally:
+        gin.clear_config()
+    assert code == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("ptmjax train: error: unknown task or mixture 'no_such_task'; registered ptmjax ones: ")
+    assert "ptmjax_pretrain" in line and line.endswith("(import the module that registers yours first)")
+    assert not (tmp_path / "run").exists()

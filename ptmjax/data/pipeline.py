@@ -21,7 +21,8 @@ ENCDEC_FEATURES = ("encoder_input_tokens", "decoder_target_tokens", "decoder_inp
 PACKING_FEATURES = ("encoder_segment_ids", "encoder_positions", "decoder_segment_ids", "decoder_positions")
 
 
-def _provider(mixture_or_task_name: str) -> seqio.DatasetProviderBase:
+def get_task_or_mixture(mixture_or_task_name: str) -> seqio.DatasetProviderBase:
+    """The registered seqio task or mixture; an unknown name lists the registered ptmjax ones."""
     try:
         return seqio.get_mixture_or_task(mixture_or_task_name)
     except ValueError:
@@ -73,7 +74,7 @@ def get_dataset(
       decoder_input_tokens, decoder_loss_weights, and with `pack` also
       encoder/decoder_segment_ids and encoder/decoder_positions.
     """
-    provider = _provider(mixture_or_task_name)
+    provider = get_task_or_mixture(mixture_or_task_name)
     if split not in provider.splits:
         raise ValueError(f"unknown split {split!r} of {mixture_or_task_name!r}; known: {', '.join(provider.splits)}")
     if batch_size < 1:

@@ -236,7 +236,7 @@ def _check_positive(**values: int) -> None:
 
 def _check_vocabulary(model: nn.Module, mixture_or_task_name: str) -> None:
     """The model's embedding must cover every id the task's vocabulary emits."""
-    task = seqio.get_mixture_or_task(mixture_or_task_name)
+    task = pipeline.get_task_or_mixture(mixture_or_task_name)
     vocab_size = task.output_features["targets"].vocabulary.vocab_size
     model_vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if model_vocab is not None and model_vocab < vocab_size:
