@@ -87,12 +87,19 @@ def span_corruption_lengths(
 
     raw_tokens_length is the largest raw length whose corruption plus EOS has
     at most `inputs_length` tokens (as T5 computes it); targets_length is the
-    matching length of the targets, EOS included. For inputs 512: (568, 114).
+    matching length of the targets, EOS included. For inputs 512: (568, 114);
+    at noise density 0.5, (766, 512).
     """
     if inputs_length < 3:
         raise ValueError(f"inputs_length={inputs_length} is too short for span corruption; use at least 3")
     raw = largest_raw_length(inputs_length - 1, None, noise_density, mean_noise_span_length)
-    return raw, corrupted_lengths(raw, noise_density, mean_noise_span_length)[1] + 1
+    inputs, targets = (n + 1 for n in corrupted_lengths(raw, noise_density, mean_noise_span_length))
+    if noise_density == 0.5 and targets > inputs:
+        # T5's adjustment (random_spans_helper): one raw token fewer makes the targets as long as the
+        # inputs, a round number (512 -> raw 766, targets 512). It applies when the noise count rounded
+        # up, so one token fewer has one noise token fewer: the targets shrink by exactly one.
+        raw, targets = raw - 1, targets - 1
+    return raw, targets
 
 
 def _random_segmentation(num_items: tf.Tensor, num_segments: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:

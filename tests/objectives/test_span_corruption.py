@@ -37,6 +37,37 @@ def test_lengths_match_t5_for_512():
     assert sc.span_corruption_lengths(512) == (568, 114)
 
 
+def t5_random_spans_helper(inputs_length: int, noise_density: float, mean_noise_span_length: float):
+    """T5's own arithmetic (t5.data.preprocessors.random_spans_helper, one sentinel per span), written out."""
+
+    def lengths(tokens_length):
+        num_noise_tokens = int(round(tokens_length * noise_density))
+        num_noise_spans = int(round(num_noise_tokens / mean_noise_span_length))
+        return tokens_length - num_noise_tokens + num_noise_spans + 1, num_noise_tokens + num_noise_spans + 1
+
+    tokens_length = inputs_length - 1
+    while lengths(tokens_length + 1)[0] <= inputs_length:
+        tokens_length += 1
+    inputs, targets = lengths(tokens_length)
+    if noise_density == 0.5 and targets > inputs:
+        tokens_length -= 1
+        targets -= 1
+    return tokens_length, targets
+
+
+@pytest.mark.parametrize("inputs_length", [64, 100, 128, 256, 512, 1024])
+@pytest.mark.parametrize("noise_density,mean_noise_span_length", [(0.15, 3.0), (0.5, 3.0), (0.5, 8.0), (0.25, 5.0)])
+def test_lengths_equal_t5s_random_spans_helper(inputs_length, noise_density, mean_noise_span_length):
+    want = t5_random_spans_helper(inputs_length, noise_density, mean_noise_span_length)
+    assert sc.span_corruption_lengths(inputs_length, noise_density, mean_noise_span_length) == want
+
+
+def test_noise_density_half_gives_targets_as_long_as_the_inputs():
+    """T5's adjustment: raw 767 would need 513 targets; one token fewer needs exactly 512."""
+    assert sc.span_corruption_lengths(512, 0.5, 3.0) == (766, 512)
+    assert sc.corrupted_lengths(766, 0.5, 3.0) == (383 + 128, 383 + 128)
+
+
 def test_lengths_hand_checked_for_64():
     # raw 70: noise round(10.5)=10 (half to even), spans round(3.33)=3 -> inputs 70-10+3+1=64.
     # raw 71: noise 11, spans 4 -> 65 > 64.   targets for 70: 10 + 3 + 1 = 14.
