@@ -6,7 +6,7 @@ Importing this module also registers the seqio tasks and mixtures.
 import gin
 
 from ptmjax import partitioning  # noqa: F401
-from ptmjax.data import language_tags, mixtures, objective_tasks, tasks  # noqa: F401
+from ptmjax.data import downstream_tasks, language_tags, mixtures, objective_tasks, tasks  # noqa: F401
 from ptmjax.models import albert, bart, bert, electra, gpt2, permutation_lm, t5
 from ptmjax.objectives import translation_lm  # noqa: F401
 from ptmjax.training import checkpoints, loop, losses, multihost, optimizers, schedules  # noqa: F401
@@ -21,3 +21,4 @@ gin.external_configurable(electra.ElectraDiscriminator, module="ptmjax.models")
 gin.external_configurable(electra.ElectraGenerator, module="ptmjax.models")
 gin.external_configurable(permutation_lm.PermutationLM, module="ptmjax.models")
 gin.external_configurable(tasks.register_text_files_task, module="ptmjax.data.tasks")
+gin.external_configurable(tasks.register_mixture, module="ptmjax.data.tasks")

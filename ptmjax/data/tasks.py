@@ -88,13 +88,22 @@ def register_task(
     )
 
 
-def register_mixture(name: str, tasks_and_rates: Sequence[tuple[str, float]], **mixture_kwargs) -> seqio.Mixture:
-    """Registers (or replaces) a mixture of registered tasks with sampling rates."""
-    unknown = [task for task, _ in tasks_and_rates if task not in seqio.TaskRegistry.names()]
+def register_mixture(
+    name: str, tasks_and_rates: Sequence[tuple[str | seqio.Task | seqio.Mixture, float]], **mixture_kwargs
+) -> seqio.Mixture:
+    """Registers (or replaces) a mixture of registered tasks, named or given as objects, with sampling rates.
+
+    Gin-configurable, so a mixture needs no Python:
+    `train.mixture_or_task_name = @register_mixture()`, `register_mixture.name = 'my_mix'`,
+    `register_mixture.tasks_and_rates = [('ptmjax_stdlib_span_corruption', 1.0), (@register_text_files_task(), 3.0)]`.
+    """
+    entries = [(getattr(task, "name", task), rate) for task, rate in tasks_and_rates]
+    registered = {*seqio.TaskRegistry.names(), *seqio.MixtureRegistry.names()}
+    unknown = [task for task, _ in entries if task not in registered]
     if unknown:
         raise ValueError(f"mixture {name!r} names unregistered tasks {unknown}; register them first")
     seqio.MixtureRegistry.remove(name)
-    return seqio.MixtureRegistry.add(name, list(tasks_and_rates), **mixture_kwargs)
+    return seqio.MixtureRegistry.add(name, entries, **mixture_kwargs)
 
 
 def register_stdlib_task(name: str, vocabulary: seqio.Vocabulary) -> seqio.Task:

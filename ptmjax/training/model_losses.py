@@ -12,8 +12,12 @@ A family's loss turns the model's outputs and the batch into `LossTerms`:
   has one is known when the loss is traced, from the model (e.g. BERT with or
   without its sentence-pair head), not from values.
 
-The 'loss' metric is the whole objective as optimised: the token loss per
-token plus the mean over microbatches (and eval batches) of the batch loss.
+The 'accuracy' metric (and 'eval_accuracy') is teacher-forced token
+accuracy: the share of weighted target tokens that are the argmax of their
+logits, each predicted from the true context (a decoder: the true tokens
+before it), not the accuracy of generated text. The 'loss' metric is the
+whole objective as optimised: the token loss per token plus the mean over
+microbatches (and eval batches) of the batch loss.
 Rows that are all padding (ptmjax's pipelines pad with id 0, e.g. the last
 evaluation batch) count for nothing.
 """

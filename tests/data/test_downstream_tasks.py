@@ -75,3 +75,13 @@ def test_bert_style_inputs_are_masked_targets_are_the_text():
     with pytest.raises(ValueError, match="targets length 32 must be at least the inputs length 64"):
         next(pipeline.get_dataset(objective_tasks.BERT_STYLE_TASK, "train", {"inputs": 64, "targets": 32}, 2,
                                   seed=0, shuffle=False).as_numpy_iterator())
+
+
+def test_every_gin_run_registers_the_downstream_task():
+    """A fresh process that imports what gin files rely on knows the task by name, with no extra import."""
+    import subprocess
+    import sys
+
+    code = "import ptmjax.configurables, seqio; print(seqio.TaskRegistry.names())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "ptmjax_stdlib_module_classification" in out

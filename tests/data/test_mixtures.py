@@ -73,3 +73,32 @@ def test_register_counts_each_tasks_training_examples():
         for name in ("ptmjax_test_small", "ptmjax_test_large"):
             seqio.TaskRegistry.remove(name)
         seqio.MixtureRegistry.remove("ptmjax_test_mixture")
+
+
+def test_a_two_task_mixture_in_gin_alone(tmp_path):
+    """register_mixture from gin, with a task name and a task object, trains through the pipeline."""
+    import gin
+
+    from ptmjax import gin_files
+    from ptmjax.data import pipeline
+
+    (tmp_path / "train.txt").write_text("\n".join(f"Line {i} of a local corpus about mixtures." for i in range(200)))
+    gin_files.parse_gin(["runs/demo.gin"], [
+        "train.mixture_or_task_name = @register_mixture()",
+        "register_mixture.name = 'ptmjax_test_two_task_mixture'",
+        "register_mixture.tasks_and_rates = [('ptmjax_stdlib_span_corruption', 1.0), "
+        "(@register_text_files_task(), 3.0)]",
+        "register_text_files_task.name = 'ptmjax_test_local_lines'",
+        f"register_text_files_task.train_pattern = '{tmp_path / 'train.txt'}'",
+    ])  # fmt: skip
+    try:
+        mixture = gin.get_bindings("train")["mixture_or_task_name"]
+    finally:
+        gin.clear_config()
+    assert mixture is seqio.get_mixture_or_task("ptmjax_test_two_task_mixture")
+    assert {task.name: mixture.get_rate(task) for task in mixture.tasks} == {
+        "ptmjax_stdlib_span_corruption": 1.0, "ptmjax_test_local_lines": 3.0,
+    }
+    dataset = pipeline.get_dataset(mixture.name, "train", {"inputs": 64, "targets": 16}, 4, seed=0, shuffle=True)
+    batch = next(dataset.as_numpy_iterator())
+    assert batch["encoder_input_tokens"].shape == (4, 64) and batch["decoder_target_tokens"].any()
