@@ -10,6 +10,8 @@ Note on transformers >= 5: `T5Config.__post_init__` forces
 `scale_decoder_outputs`; a freshly built v1.1 model then ties `lm_head` to the
 input embedding (checkpoints with a distinct `lm_head` are untied on load).
 `build_hf_model` gives an untied config its own `lm_head`, as T5 v1.1 has.
+A checkpoint saved tied and unscaled (no `lm_head.weight`) imports with the
+shared embedding copied into `logits_dense`.
 """
 
 from __future__ import annotations
@@ -173,7 +175,13 @@ def hf_to_params(state_dict: Mapping[str, Any], config: T5Config) -> Params:
     """HF T5ForConditionalGeneration state dict -> ptmjax params tree (plain numpy arrays, no boxes).
 
     Raises KeyError naming missing keys and unexpected keys (a config mismatch).
+    An unscaled config without an `lm_head.weight` (transformers 5 saves a T5
+    built with `tie_word_embeddings=False` as tied and unscaled: its output
+    layer is the shared embedding, with no d_model**-0.5 scale) gets the shared
+    embedding as its `logits_dense` kernel: the same logits, exactly.
     """
+    if not config.tie_embeddings and "lm_head.weight" not in state_dict and "shared.weight" in state_dict:
+        state_dict = {**state_dict, "lm_head.weight": state_dict["shared.weight"]}
     ignorable = set(IGNORED_HF_KEYS) | ({"lm_head.weight"} if config.tie_embeddings else set())
     return rules_to_params(state_dict, [one_to_one(*rule) for rule in _rules(config)], ignorable, f"{config}")
 

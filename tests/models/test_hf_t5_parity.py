@@ -146,3 +146,44 @@ def test_init_scales_match_t5_initialisation():
     }
     for name, (weight, std) in expected.items():
         assert abs(float(np.std(weight)) / std - 1.0) < 0.1, (name, float(np.std(weight)), std)
+
+
+def test_a_transformers_5_untied_t5_saved_as_tied_and_unscaled_imports_exactly(tmp_path):
+    """transformers 5 turns `tie_word_embeddings=False` into tied + `scale_decoder_outputs=False` and saves no
+    `lm_head.weight`: its logits are the shared embedding without the d_model**-0.5 scale."""
+    import json
+
+    from ptmjax import cli
+    from ptmjax.convert import hf
+
+    torch.manual_seed(1)
+    hf_config = transformers.T5Config(
+        vocab_size=200, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=3, num_heads=4,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, dropout_rate=0.0,
+    )  # fmt: skip
+    reference = transformers.T5ForConditionalGeneration(hf_config).eval()
+    reference.save_pretrained(tmp_path / "hf")
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (saved["tie_word_embeddings"], saved["scale_decoder_outputs"]) == (True, False)
+    model, params = hf.load(str(tmp_path / "hf"))
+    assert model.config == CONFIGS["v1_1_gated_gelu_untied"]
+    np.testing.assert_array_equal(params["decoder"]["logits_dense"]["kernel"], params["token_embedder"]["embedding"].T)
+    enc, dec, dec_valid = padded_batch(model.config)
+    with torch.no_grad():
+        ref = reference(
+            input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc > 0, dtype=torch.long),
+            decoder_input_ids=torch.tensor(dec), decoder_attention_mask=torch.tensor(dec_valid),
+        ).logits.numpy()  # fmt: skip
+    ours = np.asarray(jax.jit(model.apply)({"params": params}, jnp.asarray(enc), jnp.asarray(dec)))
+    diff = np.abs(ours - ref)[dec_valid.astype(bool)].max()
+    print(f"transformers-5 tied, unscaled T5: max |logit diff| = {diff:.2e}")
+    assert diff < 1e-4
+    assert cli.main(["convert", "--from-hf", str(tmp_path / "hf"), "--to", str(tmp_path / "imported")]) == 0
+    hf.save(model, params, str(tmp_path / "exported"))  # and back: HF gets its own lm_head, equal logits
+    exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "exported").eval()
+    with torch.no_grad():
+        again = exported(
+            input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc > 0, dtype=torch.long),
+            decoder_input_ids=torch.tensor(dec), decoder_attention_mask=torch.tensor(dec_valid),
+        ).logits.numpy()  # fmt: skip
+    assert np.abs(again - ref)[dec_valid.astype(bool)].max() < 1e-4
