@@ -1,6 +1,8 @@
 """Layer stacks: rematerialisation policies, scanning over layers, and the scanned parameter layout.
 
-A config that inherits `LayerStackConfig` (T5Config, GPT2Config) chooses:
+Every family stacks its layers with `apply_layers`. A config that inherits
+`LayerStackConfig` (all but the permutation LM's, directly or through
+`MoeConfig`) chooses:
 
 - `remat_policy`: what the backward pass keeps of each layer's forward pass.
   'none' keeps everything; 'full' keeps only the layer's inputs and recomputes the
@@ -13,7 +15,9 @@ A config that inherits `LayerStackConfig` (T5Config, GPT2Config) chooses:
   leading logical axis 'layers' (mapped to no mesh axis by the default rules).
   With MoE every k-th layer the scan steps over periods of k layers: `layers`
   holds `layers_0 ... layers_{k-1}` (the last one MoE), stacked n / k times, so
-  each stack's depth must be a multiple of `moe_every`.
+  each stack's depth must be a multiple of `moe_every`. Layers shared across
+  the stack (ALBERT: `repeats` > 1) scan over the distinct parameter sets,
+  each step applying its layer `repeats` times.
 
 Neither option changes the numbers: logits and gradients equal the plain
 model's. Dropout (and MoE jitter) draws differ, since a scan splits the rngs
@@ -35,8 +39,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ptmjax.layers.moe import MoeConfig
-
 Array = jax.Array
 Tree = Mapping[str, Any]
 
@@ -49,8 +51,8 @@ SCANNED = "layers"  # the name of a scanned stack's module, and the logical axis
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LayerStackConfig(MoeConfig):
-    """MoE options (see MoeConfig) plus how the layer stacks run.
+class LayerStackConfig:
+    """How a family's layer stacks run; a subclass names its stacks in `layer_stacks()`.
 
     remat_policy: 'none', 'full' or 'save_dot_products' (see the module docstring).
     scan_layers: scan over layers; parameters get a leading 'layers' axis.
@@ -59,9 +61,21 @@ class LayerStackConfig(MoeConfig):
     remat_policy: str = "none"
     scan_layers: bool = False
 
+    def layer_stacks(self) -> dict[tuple[str, ...], int]:
+        """{path of a layer stack in the parameter tree: its number of parameter sets}, e.g. {('encoder',): 12}."""
+        raise NotImplementedError(f"{type(self).__name__} must define layer_stacks()")
+
+    def layer_fields(self, index: int) -> dict[str, Any]:
+        """Fields of layer `index`'s module besides the config (MoeConfig: whether it is an MoE layer)."""
+        return {}
+
+    @property
+    def scan_period(self) -> int:
+        """Layers per scan step (MoeConfig: moe_every, so that each period ends in its MoE layer)."""
+        return 1
+
     def check_layer_stacks(self) -> None:
-        """Validate the MoE and stack options; errors name the field and the fix."""
-        self.check_moe()
+        """Validate the stack options; errors name the field and the fix."""
         check_remat_policy(self)
         owner = type(self).__name__
         if not isinstance(self.scan_layers, bool):
@@ -69,14 +83,9 @@ class LayerStackConfig(MoeConfig):
         if self.scan_layers:
             check_period_divides(self)
 
-    @property
-    def scan_period(self) -> int:
-        """Layers per scan step: moe_every with MoE (each period ends in its MoE layer), else 1."""
-        return self.moe_every if self.num_experts else 1
-
 
 def check_remat_policy(config: Any) -> None:
-    """Raise unless `config.remat_policy` names one of REMAT_POLICIES (BART and the encoders have it too)."""
+    """Raise unless `config.remat_policy` names one of REMAT_POLICIES."""
     if config.remat_policy not in REMAT_POLICIES:
         raise ValueError(
             f"{type(config).__name__}.remat_policy={config.remat_policy!r} is unknown; "
@@ -114,39 +123,47 @@ class LayerPeriod(nn.Module):
 
     layer: Any  # the layer's module class, remat-wrapped or not
     config: LayerStackConfig
+    fields: tuple[tuple[str, Any], ...] = ()  # the layer's own fields, as (name, value) pairs
 
     @nn.compact
     def __call__(self, x: Array, *args: Any) -> Array:
         """x [b, l, embed] and one layer's other arguments -> [b, l, embed]."""
-        for j in range(self.config.scan_period):
-            x = self.layer(self.config, self.config.is_moe_layer(j), name=f"layers_{j}")(x, *args)
+        c = self.config
+        for j in range(c.scan_period):
+            x = self.layer(c, **dict(self.fields), **c.layer_fields(j), name=f"layers_{j}")(x, *args)
         return x
 
 
 def apply_layers(
-    layer: type[nn.Module], config: LayerStackConfig, num_layers: int, x: Array, *args: Array,
-    enable_dropout: bool = False,
+    layer: type[nn.Module], config: LayerStackConfig, num_layers: int, x: Array, *args: Array | None,
+    enable_dropout: bool = False, repeats: int = 1, **fields: Any,
 ) -> Array:  # fmt: skip
-    """Applies a stack of `num_layers` layers `layer(config, use_moe)(x, *args, enable_dropout)` to x.
+    """Applies a stack of `num_layers` layers `layer(config, **fields, **config.layer_fields(i))` to x.
 
-    Call it inside a compact method: the layers become the caller's children,
+    Each is called as `(x, *args, enable_dropout)`, `repeats` times in a row
+    (ALBERT's shared layers), so the stack is num_layers * repeats deep. Call
+    it inside a compact method: the layers become the caller's children,
     `layers_{i}`, or with `config.scan_layers` one scanned `layers` module.
     `args` (attention biases, the encoder output) are the same for every layer.
     """
     layer = rematerialised(layer, config.remat_policy, len(args), prevent_cse=not config.scan_layers)
     if not config.scan_layers:
         for i in range(num_layers):
-            x = layer(config, config.is_moe_layer(i), name=f"layers_{i}")(x, *args, enable_dropout)
+            module = layer(config, **fields, **config.layer_fields(i), name=f"layers_{i}")
+            for _ in range(repeats):
+                x = module(x, *args, enable_dropout)
         return x
 
     period = config.scan_period
     if period == 1:
-        body = layer(config, config.is_moe_layer(0), name=SCANNED)
+        body = layer(config, **fields, **config.layer_fields(0), name=SCANNED)
     else:
-        body = LayerPeriod(layer, config, name=SCANNED)
+        body = LayerPeriod(layer, config, tuple(fields.items()), name=SCANNED)
 
-    def step(module: nn.Module, carry: Array, *broadcast: Array) -> tuple[Array, None]:
-        return module(carry, *broadcast, enable_dropout), None
+    def step(module: nn.Module, carry: Array, *broadcast: Array | None) -> tuple[Array, None]:
+        for _ in range(repeats):
+            carry = module(carry, *broadcast, enable_dropout)
+        return carry, None
 
     scanned = nn.scan(
         step, variable_axes={True: 0}, split_rngs={True: True}, in_axes=(nn.broadcast,) * len(args),

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from ptmjax.layers.common import DType
+from ptmjax.layers.layer_stack import LayerStackConfig
 from ptmjax.layers.mlp import ACTIVATIONS, check_activations
 
 Array = jax.Array
@@ -51,7 +52,7 @@ RETURN_AXES = ("activation_batch", None, None, "activation_embed")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MoeConfig:
+class MoeConfig(LayerStackConfig):
     """Mixture-of-Experts options of a model config (T5Config, GPT2Config); num_experts=0 keeps every layer dense.
 
     num_experts: experts in each MoE feed-forward layer (0 = dense model, else >= 2).
@@ -64,7 +65,8 @@ class MoeConfig:
       losses the layers sow into the 'losses' collection (added by the train step).
     moe_jitter_noise: multiplicative U(1-eps, 1+eps) noise on router inputs in training.
 
-    A subclass names its layer stacks in `layer_stacks()`.
+    A subclass names its layer stacks in `layer_stacks()`; layer i of each is an MoE layer when
+    `is_moe_layer(i)`, and a scanned stack steps over periods of `moe_every` layers.
     """
 
     num_experts: int = 0
@@ -76,9 +78,16 @@ class MoeConfig:
     moe_router_z_loss_weight: float = 1e-3
     moe_jitter_noise: float = 0.0
 
-    def layer_stacks(self) -> dict[tuple[str, ...], int]:
-        """{path of a layer stack in the parameter tree: its number of layers}, e.g. {('encoder',): 12, ...}."""
-        raise NotImplementedError(f"{type(self).__name__} must define layer_stacks()")
+    def layer_fields(self, index: int) -> dict[str, Any]:
+        return {"use_moe": self.is_moe_layer(index)}
+
+    @property
+    def scan_period(self) -> int:
+        return self.moe_every if self.num_experts else 1
+
+    def check_layer_stacks(self) -> None:
+        self.check_moe()
+        super().check_layer_stacks()
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether layer `index` (0-based, in any stack) has an MoE feed-forward block."""

@@ -42,7 +42,7 @@ from ptmjax.layers.attention import (
 )
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
 from ptmjax.layers.embed import Embed
-from ptmjax.layers.layer_stack import check_remat_policy, rematerialised
+from ptmjax.layers.layer_stack import LayerStackConfig, apply_layers
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
@@ -57,7 +57,7 @@ POSITION_OFFSET = 2  # Hugging Face reads position p at row p + 2 of the table
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class BartConfig:
+class BartConfig(LayerStackConfig):
     """Hyper-parameters of a BART or mBART encoder-decoder.
 
     head_dim = d_model // num_heads (both stacks share num_heads and d_ff).
@@ -71,8 +71,9 @@ class BartConfig:
       attention_dropout_rate: attention probabilities (HF attention_dropout);
       activation_dropout_rate: after the feed-forward activation (HF activation_dropout).
     activation: 'gelu_exact' (erf, HF 'gelu') or 'gelu' (tanh, HF 'gelu_new'), 'relu', 'silu'.
-    remat_policy: what the backward pass recomputes of each layer ('none', 'full',
-      'save_dot_products'; see layer_stack.py).
+    remat_policy, scan_layers: what the backward pass recomputes of each layer
+      ('none', 'full', 'save_dot_products'), and one scan over each stack
+      (keyword-only; see ptmjax/layers/layer_stack.py).
     """
 
     vocab_size: int
@@ -92,7 +93,6 @@ class BartConfig:
     layer_norm_epsilon: float = 1e-5
     dtype: str = "float32"
     param_dtype: str = "float32"
-    remat_policy: str = "none"
 
     def __post_init__(self) -> None:
         check_positive_ints(
@@ -101,7 +101,7 @@ class BartConfig:
         )  # fmt: skip
         check_heads_divide(self)
         check_common(self, "dropout_rate", "attention_dropout_rate", "activation_dropout_rate")
-        check_remat_policy(self)
+        self.check_layer_stacks()
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(
                 f"BartConfig.pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size}); "
@@ -110,6 +110,9 @@ class BartConfig:
         for name in ("scale_embedding", "pre_layer_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"BartConfig.{name} must be True or False, got {getattr(self, name)!r}.")
+
+    def layer_stacks(self) -> dict[tuple[str, ...], int]:
+        return {("encoder",): self.num_encoder_layers, ("decoder",): self.num_decoder_layers}
 
     @property
     def head_dim(self) -> int:
@@ -193,9 +196,10 @@ class BartStack(nn.Module):
         x = LayerNorm(c.layer_norm_epsilon, name="embedding_layer_norm", **dtype_kwargs(c))(x)
         x = nn.with_logical_constraint(nn.Dropout(c.dropout_rate)(x, deterministic=not enable_dropout), HIDDEN_AXES)
         num_layers = c.num_decoder_layers if self.decoder else c.num_encoder_layers
-        layer = rematerialised(BartLayer, c.remat_policy, num_args=3)
-        for i in range(num_layers):
-            x = layer(c, self.decoder, name=f"layers_{i}")(x, self_bias, encoded, cross_bias, enable_dropout)
+        x = apply_layers(
+            BartLayer, c, num_layers, x, self_bias, encoded, cross_bias, enable_dropout=enable_dropout,
+            decoder=self.decoder,
+        )  # fmt: skip
         if c.pre_layer_norm:
             stack = "decoder" if self.decoder else "encoder"
             x = LayerNorm(c.layer_norm_epsilon, name=f"{stack}_norm", **dtype_kwargs(c))(x)

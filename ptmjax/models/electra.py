@@ -95,6 +95,11 @@ class ElectraPretrainingConfig:
                 raise ValueError(
                     f"ElectraPretrainingConfig.{role} must be an ElectraConfig, got {getattr(self, role)!r}."
                 )
+            if getattr(self, role).scan_layers:
+                raise ValueError(
+                    f"ElectraPretrainingConfig.{role}.scan_layers=True: the joint model does not scan its stacks; "
+                    "set scan_layers=False (the generator and discriminator models alone can scan)."
+                )
         for name in SHARED_EMBEDDING_FIELDS:
             mine, theirs = getattr(self.generator, name), getattr(self.discriminator, name)
             if mine != theirs:

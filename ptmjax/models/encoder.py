@@ -25,7 +25,7 @@ from ptmjax.layers.attention import MultiHeadAttention, mask_to_bias, pairwise_m
 from ptmjax.layers.common import HIDDEN_AXES, dtype_kwargs
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.embed import Embed
-from ptmjax.layers.layer_stack import check_remat_policy, rematerialised
+from ptmjax.layers.layer_stack import LayerStackConfig, apply_layers
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.positions import check_length, position_embedder, positions_after_padding, sequential_positions
@@ -38,7 +38,7 @@ EMBED_INIT_STDDEV = 0.02  # BERT's initializer_range, for the embedding tables
 
 
 @dataclasses.dataclass(frozen=True)
-class EncoderConfig:
+class EncoderConfig(LayerStackConfig):
     """Hyper-parameters of the shared post-LN encoder; the family configs subclass it.
 
     head_dim = d_model // num_heads; max_length is the position table size
@@ -51,8 +51,9 @@ class EncoderConfig:
     positions_after_padding: RoBERTa position ids, counting non-padding tokens
       from pad_token_id + 1 (as Hugging Face computes them).
     activation: 'gelu_exact' (erf, HF 'gelu') or 'gelu' (tanh, HF 'gelu_new'), 'relu', 'silu'.
-    remat_policy: what the backward pass recomputes of each layer ('none', 'full',
-      'save_dot_products'; see layer_stack.py).
+    remat_policy, scan_layers: what the backward pass recomputes of each layer
+      ('none', 'full', 'save_dot_products'), and one scan over the layers, or
+      over the groups of shared layers (keyword-only; see ptmjax/layers/layer_stack.py).
     """
 
     vocab_size: int
@@ -72,7 +73,6 @@ class EncoderConfig:
     layer_norm_epsilon: float = 1e-12
     dtype: str = "float32"
     param_dtype: str = "float32"
-    remat_policy: str = "none"
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -80,7 +80,6 @@ class EncoderConfig:
         check_positive_ints(self, "type_vocab_size")
         check_heads_divide(self)
         check_common(self, "dropout_rate", "attention_dropout_rate")
-        check_remat_policy(self)
         if self.embedding_size is not None:
             check_positive_ints(self, "embedding_size")
         if self.num_layer_groups is not None:
@@ -99,6 +98,10 @@ class EncoderConfig:
                 f"{owner}.max_length={self.max_length} leaves no positions after pad_token_id + 1 = "
                 f"{self.pad_token_id + 1}; use max_length = longest sequence + pad_token_id + 1."
             )
+        self.check_layer_stacks()
+
+    def layer_stacks(self) -> dict[tuple[str, ...], int]:
+        return {(): self.layer_groups}
 
     @property
     def head_dim(self) -> int:
@@ -197,7 +200,8 @@ class PostLNEncoder(nn.Module):
 
     shared_embeddings: an `Embeddings` owned by a parent module, used instead of
     an own one (ELECTRA's generator and discriminator share theirs).
-    With `num_layer_groups`, layer i uses parameter set `layers_{i * groups // num_layers}`.
+    With `num_layer_groups`, layer i uses parameter set `layers_{i * groups // num_layers}`:
+    each set serves num_layers // groups consecutive layers.
     """
 
     config: EncoderConfig
@@ -208,8 +212,8 @@ class PostLNEncoder(nn.Module):
         self.embeddings = Embeddings(c) if self.shared_embeddings is None else self.shared_embeddings
         if c.embedding_size is not None:
             self.embedding_projection = Dense((c.d_model,), ("mlp", "embed"), use_bias=True, **dtype_kwargs(c))
-        self.layers = [rematerialised(PostLNLayer, c.remat_policy, num_args=1)(c) for _ in range(c.layer_groups)]
 
+    @nn.compact
     def encode(self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False) -> Array:
         """input_tokens [b, s] int, token_type_ids [b, s] (default 0) -> final hidden states [b, s, d_model]."""
         c = self.config
@@ -228,9 +232,10 @@ class PostLNEncoder(nn.Module):
         x = nn.with_logical_constraint(x, HIDDEN_AXES)
         valid = input_tokens != c.pad_token_id
         bias = mask_to_bias(pairwise_mask(valid, valid), x.dtype)  # [b, 1, s, s]
-        for i in range(c.num_layers):
-            x = self.layers[i * c.layer_groups // c.num_layers](x, bias, enable_dropout)
-        return x
+        return apply_layers(
+            PostLNLayer, c, c.layer_groups, x, bias, enable_dropout=enable_dropout,
+            repeats=c.num_layers // c.layer_groups,
+        )  # fmt: skip
 
 
 class MaskedLMEncoder(PostLNEncoder):

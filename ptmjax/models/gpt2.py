@@ -19,8 +19,9 @@ import jax.numpy as jnp
 from ptmjax.layers.attention import MultiHeadAttention, mask_to_bias, prefix_lm_self_mask
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
 from ptmjax.layers.embed import Embed
-from ptmjax.layers.layer_stack import LayerStackConfig, apply_layers
+from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock
+from ptmjax.layers.moe import MoeConfig
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
 from ptmjax.models.config_checks import check_common, check_heads_divide, check_positive_ints
@@ -32,7 +33,7 @@ EMBED_INIT_STDDEV = 0.02  # GPT-2's initializer_range, for the token and positio
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class GPT2Config(LayerStackConfig):
+class GPT2Config(MoeConfig):
     """Hyper-parameters of a GPT-2 decoder.
 
     head_dim = d_model // num_heads. max_length is the size of the learned

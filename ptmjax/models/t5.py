@@ -24,8 +24,9 @@ from ptmjax.layers.attention import (
 from ptmjax.layers.common import DTYPES, HIDDEN_AXES, LOGIT_AXES, check_token_inputs
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.embed import Embed
-from ptmjax.layers.layer_stack import LayerStackConfig, apply_layers
+from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock, check_activations
+from ptmjax.layers.moe import MoeConfig
 from ptmjax.layers.norms import RMSNorm
 from ptmjax.layers.relative_position import RelativePositionBias
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
@@ -34,7 +35,7 @@ Array = jax.Array
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class T5Config(LayerStackConfig):
+class T5Config(MoeConfig):
     """Hyper-parameters of a T5 encoder-decoder.
 
     ffn_activations: ('relu',) for T5 v1.0, ('gelu', 'linear') for v1.1 gated GELU.

@@ -21,7 +21,21 @@ import numpy as np
 import pytest
 
 from ptmjax.layers.layer_stack import scan, unscan
-from ptmjax.models import GPT2, Albert, AlbertConfig, Bart, BartConfig, EncoderDecoder, GPT2Config, T5Config
+from ptmjax.models import (
+    GPT2,
+    Albert,
+    AlbertConfig,
+    Bart,
+    BartConfig,
+    Bert,
+    BertConfig,
+    ElectraConfig,
+    ElectraDiscriminator,
+    ElectraPretrainingConfig,
+    EncoderDecoder,
+    GPT2Config,
+    T5Config,
+)
 
 T5 = T5Config(
     vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_encoder_layers=4, num_decoder_layers=2,
@@ -89,35 +103,78 @@ def test_remat_and_scan_keep_logits_and_gradients(name, remat_policy, scan_layer
     assert np.abs(first_stack(want_grads)["layers_3"]["mlp"]["wo"]).max() > 0.0, "the last MoE layer should learn"
 
 
-REMAT_ONLY = {  # BART and the encoder family (ALBERT shares one layer's parameters across its 3 layers)
-    "bart": (Bart, BartConfig(vocab_size=64, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=2,
-                              d_ff=32, max_length=16, pad_token_id=0, dropout_rate=0.0)),
-    "albert": (Albert, AlbertConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=3, d_ff=32, max_length=16,
-                                    embedding_size=8, num_layer_groups=1, dropout_rate=0.0,
-                                    attention_dropout_rate=0.0)),
-}
+BART = BartConfig(vocab_size=64, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=3, d_ff=32,
+                  max_length=16, pad_token_id=0, dropout_rate=0.0)  # fmt: skip
+ALBERT = AlbertConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=3, d_ff=32, max_length=16, embedding_size=8,
+                      num_layer_groups=1, dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+ENCODER_FAMILY = {  # BART and the encoder family; ALBERT shares one layer's parameters across its 3 layers
+    "bart": (Bart, BART),
+    "mbart": (Bart, dataclasses.replace(BART, pre_layer_norm=True, scale_embedding=True)),
+    "bert": (Bert, BertConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16,
+                              dropout_rate=0.0, attention_dropout_rate=0.0)),
+    "albert": (Albert, ALBERT),
+    "albert_2_groups_of_2": (Albert, dataclasses.replace(ALBERT, num_layers=4, num_layer_groups=2)),
+    "electra_discriminator": (ElectraDiscriminator, ElectraConfig(
+        vocab_size=64, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16, embedding_size=8,
+        dropout_rate=0.0, attention_dropout_rate=0.0)),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("remat_policy", ["full", "save_dot_products"])
-@pytest.mark.parametrize("name", REMAT_ONLY)
-def test_remat_keeps_bart_and_encoder_outputs_and_gradients(name, remat_policy):
-    model_class, config = REMAT_ONLY[name]
+@functools.lru_cache(maxsize=None)
+def encoder_family_outputs_and_grads(name: str, remat_policy: str = "none", scan_layers: bool = False):
+    """Outputs, and gradients in the unscanned layout, of `sum(sin(outputs))` at the plain model's init."""
+    model_class, plain = ENCODER_FAMILY[name]
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 64, (2, 8)), jnp.int32)
-    inputs = (tokens, tokens[:, :5]) if name == "bart" else (tokens,)
+    inputs = (tokens, tokens[:, :5]) if model_class is Bart else (tokens,)
+    params = nn.unbox(jax.jit(model_class(plain).init)(jax.random.key(0), *inputs)["params"])
+    config = dataclasses.replace(plain, remat_policy=remat_policy, scan_layers=scan_layers)
+    model = model_class(config)
+    if scan_layers:
+        params = scan(params, config)
+    objective = lambda p: sum(jnp.sum(jnp.sin(x)) for x in jax.tree.leaves(model.apply({"params": p}, *inputs)))  # noqa: E731
+    traced = jax.jit(jax.value_and_grad(objective)).trace(params)
+    assert ("checkpoint" in str(traced.jaxpr) or "remat" in str(traced.jaxpr)) == (remat_policy != "none")
+    assert (" scan[" in str(traced.jaxpr)) == scan_layers
+    value, grads = traced.lower().compile()(params)
+    outputs = jax.jit(model.apply)({"params": params}, *inputs)
+    return float(value), jax.tree.leaves(outputs), unscan(grads, config) if scan_layers else grads
 
-    def outputs_and_grads(config):
-        model = model_class(config)
-        params = nn.unbox(model.init(jax.random.key(0), *inputs)["params"])
-        objective = lambda p: sum(jnp.sum(jnp.sin(x)) for x in jax.tree.leaves(model.apply({"params": p}, *inputs)))  # noqa: E731
-        traced = jax.jit(jax.value_and_grad(objective)).trace(params)
-        assert ("checkpoint" in str(traced.jaxpr) or "remat" in str(traced.jaxpr)) == (config.remat_policy != "none")
-        return traced.lower().compile()(params)
 
-    (want_value, want_grads) = outputs_and_grads(config)
-    value, grads = outputs_and_grads(dataclasses.replace(config, remat_policy=remat_policy))
+@pytest.mark.parametrize(
+    "name,remat_policy,scan_layers",
+    [("bart", "full", False), ("bart", "save_dot_products", False), ("albert", "full", False),
+     ("albert", "save_dot_products", False), *((name, "none", True) for name in ENCODER_FAMILY),
+     ("bart", "full", True), ("albert_2_groups_of_2", "full", True)],
+)  # fmt: skip
+def test_remat_and_scan_keep_bart_and_encoder_outputs_and_gradients(name, remat_policy, scan_layers):
+    want_value, want_outputs, want_grads = encoder_family_outputs_and_grads(name)
+    value, outputs, grads = encoder_family_outputs_and_grads(name, remat_policy, scan_layers)
     np.testing.assert_allclose(value, want_value, rtol=1e-6)
-    # Gradients reach ~2 here, as float32 sums of hundreds of terms; recomputation reorders them (measured <= 3.4e-6).
-    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5), grads, want_grads)
+    jax.tree.map(lambda o, w: np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-5), outputs, want_outputs)
+    assert jax.tree.structure(grads) == jax.tree.structure(want_grads)
+    # Gradients reach ~20 here (BART's embedding), float32 sums of hundreds of terms that remat and scan
+    # reorder: each array is compared relative to its largest entry.
+    worst = max(jax.tree.leaves(jax.tree.map(lambda g, w: np.abs(g - w).max() / max(np.abs(w).max(), 1.0),
+                                             grads, want_grads)))  # fmt: skip
+    print(f"{name} remat={remat_policy} scan={scan_layers}: max gradient difference / scale = {worst:.1e}")
+    assert worst < 1e-5
+
+
+@pytest.mark.parametrize("name", ["bart", "albert_2_groups_of_2"])
+def test_scan_of_bart_and_shared_encoder_layers_inverts(name):
+    model_class, config = ENCODER_FAMILY[name]
+    params = jax.tree.map(np.asarray, encoder_family_outputs_and_grads(name)[2])  # any tree of the plain layout
+    scanned = scan(params, config)
+    stacked = scanned["encoder"]["layers"] if model_class is Bart else scanned["layers"]
+    depth = config.num_encoder_layers if model_class is Bart else config.num_layer_groups
+    assert {x.shape[0] for x in jax.tree.leaves(stacked)} == {depth}
+    jax.tree.map(np.testing.assert_array_equal, unscan(scanned, config), params)
+
+
+def test_joint_electra_refuses_scanned_stacks():
+    config = ENCODER_FAMILY["electra_discriminator"][1]
+    with pytest.raises(ValueError, match="discriminator.scan_layers=True: the joint model does not scan"):
+        ElectraPretrainingConfig(generator=config, discriminator=dataclasses.replace(config, scan_layers=True))
     with pytest.raises(ValueError, match=r"remat_policy='fulll' is unknown"):
         dataclasses.replace(config, remat_policy="fulll")
 
