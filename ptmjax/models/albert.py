@@ -21,7 +21,7 @@ import flax.struct
 import gin
 import jax
 
-from ptmjax.models.config_checks import check_common
+from ptmjax.models.config import check_rates
 from ptmjax.models.encoder import EncoderConfig, MaskedLMEncoder
 
 Array = jax.Array
@@ -40,7 +40,7 @@ class AlbertConfig(EncoderConfig):
 
     embedding_size: int | None = 128
     num_layer_groups: int | None = 1
-    dropout_rate: float = 0.0
+    dropout_rate: float = dataclasses.field(default=0.0, kw_only=True)
     attention_dropout_rate: float = 0.0
     activation: str = "gelu"
     sop_head: bool = True
@@ -48,7 +48,7 @@ class AlbertConfig(EncoderConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_common(self, "classifier_dropout_rate")
+        check_rates(self, "classifier_dropout_rate")
 
     @property
     def pair_head(self) -> bool:

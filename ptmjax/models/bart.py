@@ -42,11 +42,11 @@ from ptmjax.layers.attention import (
 )
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
 from ptmjax.layers.embed import Embed
-from ptmjax.layers.layer_stack import LayerStackConfig, apply_layers
+from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
-from ptmjax.models.config_checks import check_common, check_heads_divide, check_positive_ints
+from ptmjax.models.config import ModelConfig, check_activation, check_heads_divide, check_positive_ints
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 
 Array = jax.Array
@@ -57,7 +57,7 @@ POSITION_OFFSET = 2  # Hugging Face reads position p at row p + 2 of the table
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class BartConfig(LayerStackConfig):
+class BartConfig(ModelConfig):
     """Hyper-parameters of a BART or mBART encoder-decoder.
 
     head_dim = d_model // num_heads (both stacks share num_heads and d_ff).
@@ -71,9 +71,9 @@ class BartConfig(LayerStackConfig):
       attention_dropout_rate: attention probabilities (HF attention_dropout);
       activation_dropout_rate: after the feed-forward activation (HF activation_dropout).
     activation: 'gelu_exact' (erf, HF 'gelu') or 'gelu' (tanh, HF 'gelu_new'), 'relu', 'silu'.
-    remat_policy, scan_layers: what the backward pass recomputes of each layer
-      ('none', 'full', 'save_dot_products'), and one scan over each stack
-      (keyword-only; see ptmjax/layers/layer_stack.py).
+    Keyword-only, as in every family (ptmjax/models/config.py): dropout_rate,
+    layer_norm_epsilon, dtype, param_dtype, and remat_policy and scan_layers
+    (what the backward pass recomputes of each layer, and one scan over each stack).
     """
 
     vocab_size: int
@@ -86,13 +86,10 @@ class BartConfig(LayerStackConfig):
     pad_token_id: int = 1
     scale_embedding: bool = False
     pre_layer_norm: bool = False
-    dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.0
     activation_dropout_rate: float = 0.0
     activation: str = "gelu_exact"
-    layer_norm_epsilon: float = 1e-5
-    dtype: str = "float32"
-    param_dtype: str = "float32"
+    layer_norm_epsilon: float = dataclasses.field(default=1e-5, kw_only=True)
 
     def __post_init__(self) -> None:
         check_positive_ints(
@@ -100,8 +97,8 @@ class BartConfig(LayerStackConfig):
             "max_length",
         )  # fmt: skip
         check_heads_divide(self)
-        check_common(self, "dropout_rate", "attention_dropout_rate", "activation_dropout_rate")
-        self.check_layer_stacks()
+        check_activation(self)
+        self.check_model_config("attention_dropout_rate", "activation_dropout_rate")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(
                 f"BartConfig.pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size}); "

@@ -25,11 +25,11 @@ from ptmjax.layers.attention import MultiHeadAttention, mask_to_bias, pairwise_m
 from ptmjax.layers.common import HIDDEN_AXES, dtype_kwargs
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.embed import Embed
-from ptmjax.layers.layer_stack import LayerStackConfig, apply_layers
+from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.positions import check_length, position_embedder, positions_after_padding, sequential_positions
-from ptmjax.models.config_checks import check_common, check_heads_divide, check_positive_ints
+from ptmjax.models.config import ModelConfig, check_activation, check_heads_divide, check_positive_ints
 from ptmjax.models.encoder_heads import MlmHead, SentencePairHead
 
 Array = jax.Array
@@ -38,7 +38,7 @@ EMBED_INIT_STDDEV = 0.02  # BERT's initializer_range, for the embedding tables
 
 
 @dataclasses.dataclass(frozen=True)
-class EncoderConfig(LayerStackConfig):
+class EncoderConfig(ModelConfig):
     """Hyper-parameters of the shared post-LN encoder; the family configs subclass it.
 
     head_dim = d_model // num_heads; max_length is the position table size
@@ -51,9 +51,9 @@ class EncoderConfig(LayerStackConfig):
     positions_after_padding: RoBERTa position ids, counting non-padding tokens
       from pad_token_id + 1 (as Hugging Face computes them).
     activation: 'gelu_exact' (erf, HF 'gelu') or 'gelu' (tanh, HF 'gelu_new'), 'relu', 'silu'.
-    remat_policy, scan_layers: what the backward pass recomputes of each layer
-      ('none', 'full', 'save_dot_products'), and one scan over the layers, or
-      over the groups of shared layers (keyword-only; see ptmjax/layers/layer_stack.py).
+    Keyword-only, as in every family (ptmjax/models/config.py): dropout_rate,
+    layer_norm_epsilon, dtype, param_dtype, and remat_policy and scan_layers
+    (one scan over the layers, or over the groups of shared layers).
     """
 
     vocab_size: int
@@ -67,19 +67,16 @@ class EncoderConfig(LayerStackConfig):
     positions_after_padding: bool = False
     embedding_size: int | None = None
     num_layer_groups: int | None = None
-    dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.1
     activation: str = "gelu_exact"
-    layer_norm_epsilon: float = 1e-12
-    dtype: str = "float32"
-    param_dtype: str = "float32"
+    layer_norm_epsilon: float = dataclasses.field(default=1e-12, kw_only=True)
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
         check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_length")
         check_positive_ints(self, "type_vocab_size")
         check_heads_divide(self)
-        check_common(self, "dropout_rate", "attention_dropout_rate")
+        check_activation(self)
         if self.embedding_size is not None:
             check_positive_ints(self, "embedding_size")
         if self.num_layer_groups is not None:
@@ -98,7 +95,7 @@ class EncoderConfig(LayerStackConfig):
                 f"{owner}.max_length={self.max_length} leaves no positions after pad_token_id + 1 = "
                 f"{self.pad_token_id + 1}; use max_length = longest sequence + pad_token_id + 1."
             )
-        self.check_layer_stacks()
+        self.check_model_config("attention_dropout_rate")
 
     def layer_stacks(self) -> dict[tuple[str, ...], int]:
         return {(): self.layer_groups}

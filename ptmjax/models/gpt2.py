@@ -24,7 +24,7 @@ from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.moe import MoeConfig
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
-from ptmjax.models.config_checks import check_common, check_heads_divide, check_positive_ints
+from ptmjax.models.config import ModelConfig, check_activation, check_heads_divide, check_positive_ints
 
 Array = jax.Array
 
@@ -33,7 +33,7 @@ EMBED_INIT_STDDEV = 0.02  # GPT-2's initializer_range, for the token and positio
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class GPT2Config(MoeConfig):
+class GPT2Config(MoeConfig, ModelConfig):
     """Hyper-parameters of a GPT-2 decoder.
 
     head_dim = d_model // num_heads. max_length is the size of the learned
@@ -42,9 +42,11 @@ class GPT2Config(MoeConfig):
     dropout_rate applies to embeddings and residual branches (HF embd_pdrop and
     resid_pdrop), attention_dropout_rate to attention probabilities.
 
-    Keyword-only, as in T5Config: Mixture-of-Experts (num_experts, moe_every,
+    Keyword-only, as in T5Config: the fields of every family (dropout_rate,
+    layer_norm_epsilon, dtype, param_dtype, remat_policy, scan_layers; see
+    ptmjax/models/config.py) and Mixture-of-Experts (num_experts, moe_every,
     moe_top_k, capacity factors, aux loss weights, jitter; see MoeConfig in
-    ptmjax/models/moe.py), remat_policy and scan_layers (ptmjax/models/layer_stack.py).
+    ptmjax/layers/moe.py).
     MoE experts are bias-free Switch experts with `activation` (Hugging Face's
     GPT-2 has no MoE layers).
     """
@@ -55,18 +57,15 @@ class GPT2Config(MoeConfig):
     num_layers: int
     d_ff: int
     max_length: int
-    dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.1
     activation: str = "gelu"
-    layer_norm_epsilon: float = 1e-5
-    dtype: str = "float32"
-    param_dtype: str = "float32"
+    layer_norm_epsilon: float = dataclasses.field(default=1e-5, kw_only=True)
 
     def __post_init__(self) -> None:
         check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_length")
         check_heads_divide(self)
-        check_common(self, "dropout_rate", "attention_dropout_rate")
-        self.check_layer_stacks()
+        check_activation(self)
+        self.check_model_config("attention_dropout_rate")
 
     def layer_stacks(self) -> dict[tuple[str, ...], int]:
         return {(): self.num_layers}

@@ -1,0 +1,88 @@
+"""The config base every model family shares, and the checks of its `__post_init__`.
+
+Every error names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from ptmjax.layers.common import DTYPES
+from ptmjax.layers.layer_stack import LayerStackConfig
+from ptmjax.layers.mlp import ACTIVATIONS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig(LayerStackConfig):
+    """The fields every family repeats, keyword-only (a family may change a default):
+
+    dropout_rate: on embeddings and residual branches.
+    layer_norm_epsilon: of every norm.
+    dtype: activation/compute dtype ('float32' or 'bfloat16'); param_dtype: storage dtype.
+    remat_policy, scan_layers: how the layer stacks run (LayerStackConfig).
+
+    The activation is not among them: T5 names a tuple (`ffn_activations`,
+    gated or not), the others one function (`activation`, see `check_activation`).
+    """
+
+    dropout_rate: float = 0.1
+    layer_norm_epsilon: float = 1e-6
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def check_model_config(self, *other_rates: str) -> None:
+        """Dropout rates (dropout_rate and `other_rates`) in [0, 1), epsilon > 0, supported dtypes, stack options."""
+        owner = type(self).__name__
+        check_rates(self, "dropout_rate", *other_rates)
+        if not self.layer_norm_epsilon > 0:
+            raise ValueError(f"{owner}.layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}.")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"{owner}.{name}={getattr(self, name)!r} is not supported; use one of {list(DTYPES)}.")
+        self.check_layer_stacks()
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(DTYPES[self.dtype])
+
+    @property
+    def weight_dtype(self) -> jnp.dtype:
+        return jnp.dtype(DTYPES[self.param_dtype])
+
+
+def check_positive_ints(config: Any, *names: str) -> None:
+    """Raise unless every named field is a positive int (bools rejected)."""
+    owner = type(config).__name__
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}.")
+
+
+def check_rates(config: Any, *names: str) -> None:
+    """Raise unless every named field (a dropout rate) is in [0, 1)."""
+    for name in names:
+        value = getattr(config, name)
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"{type(config).__name__}.{name} must be in [0, 1), got {value!r}.")
+
+
+def check_heads_divide(config: Any) -> None:
+    """Raise unless num_heads divides d_model (head_dim = d_model // num_heads)."""
+    owner = type(config).__name__
+    if config.d_model % config.num_heads:
+        raise ValueError(
+            f"{owner}.d_model={config.d_model} is not divisible by num_heads={config.num_heads}; "
+            "pick num_heads dividing d_model."
+        )
+
+
+def check_activation(config: Any) -> None:
+    """Raise unless `config.activation` is a known activation."""
+    if config.activation not in ACTIVATIONS:
+        raise ValueError(
+            f"{type(config).__name__}.activation={config.activation!r} is unknown; known: {sorted(ACTIVATIONS)}."
+        )
