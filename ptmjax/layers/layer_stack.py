@@ -30,6 +30,7 @@ scanned run's updates and optimizer state are the plain run's.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -50,8 +51,31 @@ REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
 SCANNED = "layers"  # the name of a scanned stack's module, and the logical axis of its stacked parameters
 
 
+class LayerStacks(abc.ABC):
+    """A config whose model has layer stacks: what `scan`, `unscan` and the trainer read of it.
+
+    `LayerStackConfig` is one; a config holding several models' configs (the
+    joint ELECTRA) is another.
+    """
+
+    scan_layers: bool
+
+    @abc.abstractmethod
+    def layer_stacks(self) -> dict[tuple[str, ...], int]:
+        """{path of a layer stack in the parameter tree: its number of parameter sets}, e.g. {('encoder',): 12}."""
+
+    @abc.abstractmethod
+    def with_scan_layers(self, scan_layers: bool) -> LayerStacks:
+        """This config with `scan_layers` set."""
+
+    @property
+    def scan_period(self) -> int:
+        """Layers per scan step (MoeConfig: moe_every, so that each period ends in its MoE layer)."""
+        return 1
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LayerStackConfig:
+class LayerStackConfig(LayerStacks):
     """How a family's layer stacks run; a subclass names its stacks in `layer_stacks()`.
 
     remat_policy: 'none', 'full' or 'save_dot_products' (see the module docstring).
@@ -61,18 +85,12 @@ class LayerStackConfig:
     remat_policy: str = "none"
     scan_layers: bool = False
 
-    def layer_stacks(self) -> dict[tuple[str, ...], int]:
-        """{path of a layer stack in the parameter tree: its number of parameter sets}, e.g. {('encoder',): 12}."""
-        raise NotImplementedError(f"{type(self).__name__} must define layer_stacks()")
-
     def layer_fields(self, index: int) -> dict[str, Any]:
         """Fields of layer `index`'s module besides the config (MoeConfig: whether it is an MoE layer)."""
         return {}
 
-    @property
-    def scan_period(self) -> int:
-        """Layers per scan step (MoeConfig: moe_every, so that each period ends in its MoE layer)."""
-        return 1
+    def with_scan_layers(self, scan_layers: bool) -> LayerStackConfig:
+        return dataclasses.replace(self, scan_layers=scan_layers)
 
     def check_layer_stacks(self) -> None:
         """Validate the stack options; errors name the field and the fix."""
@@ -105,7 +123,7 @@ def rematerialised(layer: type[nn.Module], policy: str, num_args: int, prevent_c
     )
 
 
-def check_period_divides(config: LayerStackConfig) -> None:
+def check_period_divides(config: LayerStacks) -> None:
     """Raise unless every stack's depth is a multiple of the scan period."""
     period = config.scan_period
     for path, depth in config.layer_stacks().items():
@@ -172,21 +190,21 @@ def apply_layers(
     return scanned(body, x, *args)[0]
 
 
-def scanning_config(model: nn.Module) -> LayerStackConfig | None:
+def scanning_config(model: nn.Module) -> LayerStacks | None:
     """The model's config if it scans its layers, else None."""
     config = getattr(model, "config", None)
-    return config if isinstance(config, LayerStackConfig) and config.scan_layers else None
+    return config if isinstance(config, LayerStacks) and config.scan_layers else None
 
 
 def with_scan_layers(model: nn.Module, scan_layers: bool) -> nn.Module | None:
     """The same model with `scan_layers` set (its parameters convert by `scan`/`unscan`), or None without stacks."""
     config = getattr(model, "config", None)
-    if not isinstance(config, LayerStackConfig):
+    if not isinstance(config, LayerStacks):
         return None
-    return model.clone(config=dataclasses.replace(config, scan_layers=scan_layers))
+    return model.clone(config=config.with_scan_layers(scan_layers))
 
 
-def scan(params: Tree, config: LayerStackConfig) -> dict:
+def scan(params: Tree, config: LayerStacks) -> dict:
     """Unscanned -> scanned parameters (unboxed arrays, with or without a top 'params' key).
 
     In each of `config.layer_stacks()`, `layers_0 ... layers_{n-1}` become one
@@ -211,7 +229,7 @@ def scan(params: Tree, config: LayerStackConfig) -> dict:
     return _map_stacks(params, config, to_scanned)
 
 
-def unscan(params: Tree, config: LayerStackConfig) -> dict:
+def unscan(params: Tree, config: LayerStacks) -> dict:
     """Scanned -> unscanned parameters: the inverse of `scan` (so unscan(scan(p)) == p exactly)."""
     period = config.scan_period
 
@@ -237,7 +255,7 @@ def _stack(*arrays: Any) -> Any:
     return jnp.stack(arrays)
 
 
-def _map_stacks(params: Tree, config: LayerStackConfig, convert: Callable[[dict, int, str], None]) -> dict:
+def _map_stacks(params: Tree, config: LayerStacks, convert: Callable[[dict, int, str], None]) -> dict:
     """Copies the dicts on the way to each stack, then `convert(stack, depth, where)` edits the copy in place."""
     check_period_divides(config)
     has_root = set(params) == {"params"}

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.layers.common import dtype_kwargs
+from ptmjax.layers.layer_stack import LayerStacks
 from ptmjax.models.encoder import Embeddings, EncoderConfig, MaskedLMEncoder, PostLNEncoder
 from ptmjax.models.encoder_heads import DiscriminatorHead
 
@@ -83,8 +84,12 @@ class ElectraDiscriminator(PostLNEncoder):
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class ElectraPretrainingConfig:
-    """A generator and a discriminator that share their embeddings (the paper's generator is 1/4 as wide)."""
+class ElectraPretrainingConfig(LayerStacks):
+    """A generator and a discriminator that share their embeddings (the paper's generator is 1/4 as wide).
+
+    Each has its own layer stack and remat policy; they scan together (both
+    `scan_layers` must agree).
+    """
 
     generator: ElectraConfig
     discriminator: ElectraConfig
@@ -95,11 +100,6 @@ class ElectraPretrainingConfig:
                 raise ValueError(
                     f"ElectraPretrainingConfig.{role} must be an ElectraConfig, got {getattr(self, role)!r}."
                 )
-            if getattr(self, role).scan_layers:
-                raise ValueError(
-                    f"ElectraPretrainingConfig.{role}.scan_layers=True: the joint model does not scan its stacks; "
-                    "set scan_layers=False (the generator and discriminator models alone can scan)."
-                )
         for name in SHARED_EMBEDDING_FIELDS:
             mine, theirs = getattr(self.generator, name), getattr(self.discriminator, name)
             if mine != theirs:
@@ -107,6 +107,24 @@ class ElectraPretrainingConfig:
                     f"ElectraPretrainingConfig: generator.{name}={mine!r} but discriminator.{name}={theirs!r}; "
                     "the shared embeddings need them equal (set embedding_size so both tables have one width)."
                 )
+        if self.generator.scan_layers != self.discriminator.scan_layers:
+            raise ValueError(
+                f"ElectraPretrainingConfig: generator.scan_layers={self.generator.scan_layers} but "
+                f"discriminator.scan_layers={self.discriminator.scan_layers}; the joint model scans both or neither."
+            )
+
+    @property
+    def scan_layers(self) -> bool:
+        return self.generator.scan_layers
+
+    def layer_stacks(self) -> dict[tuple[str, ...], int]:
+        return {("generator",): self.generator.layer_groups, ("discriminator",): self.discriminator.layer_groups}
+
+    def with_scan_layers(self, scan_layers: bool) -> ElectraPretrainingConfig:
+        return dataclasses.replace(
+            self, generator=self.generator.with_scan_layers(scan_layers),
+            discriminator=self.discriminator.with_scan_layers(scan_layers),
+        )  # fmt: skip
 
 
 @flax.struct.dataclass

@@ -171,7 +171,7 @@ class ModelApi:
         return nn.get_partition_spec(self.boxed_abstract_params)
 
     @property
-    def scanning(self) -> layer_stack.LayerStackConfig | None:
+    def scanning(self) -> layer_stack.LayerStacks | None:
         """The config if the module scans its layers, else None."""
         return layer_stack.scanning_config(self.module)
 

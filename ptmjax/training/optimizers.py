@@ -5,7 +5,7 @@ from __future__ import annotations
 import gin
 import optax
 
-from ptmjax.layers.layer_stack import LayerStackConfig, scan, unscan
+from ptmjax.layers.layer_stack import LayerStacks, scan, unscan
 
 
 @gin.configurable
@@ -36,7 +36,7 @@ def adamw(
     return optax.chain(optax.clip_by_global_norm(max_grad_norm), adam)
 
 
-def on_unscanned_layout(tx: optax.GradientTransformation, config: LayerStackConfig) -> optax.GradientTransformation:
+def on_unscanned_layout(tx: optax.GradientTransformation, config: LayerStacks) -> optax.GradientTransformation:
     """`tx` for a model that scans its layers, applied to the unscanned layout of its parameters.
 
     Per-array rules then see each layer's arrays, as in the plain model:

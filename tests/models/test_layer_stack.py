@@ -31,6 +31,7 @@ from ptmjax.models import (
     BertConfig,
     ElectraConfig,
     ElectraDiscriminator,
+    ElectraPretraining,
     ElectraPretrainingConfig,
     EncoderDecoder,
     GPT2Config,
@@ -120,6 +121,12 @@ ENCODER_FAMILY = {  # BART and the encoder family; ALBERT shares one layer's par
 }  # fmt: skip
 
 
+def gradient_gap(grads, want_grads) -> float:
+    """The largest difference of two gradient trees, each array's relative to its largest entry (at least 1)."""
+    gaps = jax.tree.map(lambda g, w: np.abs(g - w).max() / max(np.abs(w).max(), 1.0), grads, want_grads)
+    return max(jax.tree.leaves(gaps))
+
+
 @functools.lru_cache(maxsize=None)
 def encoder_family_outputs_and_grads(name: str, remat_policy: str = "none", scan_layers: bool = False):
     """Outputs, and gradients in the unscanned layout, of `sum(sin(outputs))` at the plain model's init."""
@@ -154,8 +161,7 @@ def test_remat_and_scan_keep_bart_and_encoder_outputs_and_gradients(name, remat_
     assert jax.tree.structure(grads) == jax.tree.structure(want_grads)
     # Gradients reach ~20 here (BART's embedding), float32 sums of hundreds of terms that remat and scan
     # reorder: each array is compared relative to its largest entry.
-    worst = max(jax.tree.leaves(jax.tree.map(lambda g, w: np.abs(g - w).max() / max(np.abs(w).max(), 1.0),
-                                             grads, want_grads)))  # fmt: skip
+    worst = gradient_gap(grads, want_grads)
     print(f"{name} remat={remat_policy} scan={scan_layers}: max gradient difference / scale = {worst:.1e}")
     assert worst < 1e-5
 
@@ -171,14 +177,33 @@ def test_scan_of_bart_and_shared_encoder_layers_inverts(name):
     jax.tree.map(np.testing.assert_array_equal, unscan(scanned, config), params)
 
 
-def test_joint_electra_refuses_scanned_stacks():
-    config = ENCODER_FAMILY["electra_discriminator"][1]
-    with pytest.raises(ValueError, match="discriminator.scan_layers=True: the joint model does not scan"):
-        ElectraPretrainingConfig(generator=config, discriminator=dataclasses.replace(config, scan_layers=True))
-    with pytest.raises(ValueError, match=r"remat_policy='fulll' is unknown"):
-        dataclasses.replace(config, remat_policy="fulll")
+def test_joint_electra_scans_both_stacks():
+    """The generator and the discriminator scan together; the joint model equals the plain one (samples too)."""
+    discriminator = ENCODER_FAMILY["electra_discriminator"][1]
+    plain = ElectraPretrainingConfig(generator=dataclasses.replace(discriminator, d_model=8, num_heads=1),
+                                     discriminator=discriminator)  # fmt: skip
+    scanned = plain.with_scan_layers(True)
+    assert (scanned.generator.scan_layers, scanned.discriminator.scan_layers, scanned.scan_layers) == (True,) * 3
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 64, (2, 8)), jnp.int32)
+    mask = jnp.asarray(np.random.default_rng(1).random((2, 8)) < 0.3, jnp.int32)
+    params = nn.unbox(jax.jit(ElectraPretraining(plain).init)(
+        {"params": jax.random.key(0), "sample": jax.random.key(1)}, tokens, tokens, mask)["params"])  # fmt: skip
 
+    def run(config, params):
+        apply = lambda p: ElectraPretraining(config).apply({"params": p}, tokens, tokens, mask,  # noqa: E731
+                                                           rngs={"sample": jax.random.key(2)})  # fmt: skip
+        objective = lambda p: jnp.sum(jnp.sin(apply(p).discriminator_logits))  # noqa: E731
+        return jax.jit(apply)(params), jax.jit(jax.grad(objective))(params)
 
+    want_outputs, want_grads = run(plain, params)
+    outputs, grads = run(scanned, scan(params, scanned))
+    np.testing.assert_array_equal(outputs.is_replaced, want_outputs.is_replaced)
+    np.testing.assert_allclose(outputs.discriminator_logits, want_outputs.discriminator_logits, rtol=1e-5, atol=1e-5)
+    worst = gradient_gap(unscan(grads, scanned), want_grads)
+    print(f"joint ELECTRA scanned: max gradient difference / scale = {worst:.1e}")
+    assert worst < 1e-5
+    with pytest.raises(ValueError, match="generator.scan_layers=True but discriminator.scan_layers=False"):
+        ElectraPretrainingConfig(generator=scanned.generator, discriminator=discriminator)
 def first_stack(tree: dict) -> dict:
     """The encoder stack of T5, the only stack of GPT-2."""
     return tree.get("encoder", tree)
