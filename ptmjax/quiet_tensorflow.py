@@ -11,7 +11,9 @@ file descriptor 2 goes to a temporary file meanwhile, and every line of it but
 those start-up lines is written back to stderr.
 
 A user's TF_CPP_MIN_LOG_LEVEL wins: at 0 (show everything) nothing is
-filtered. Unset, it becomes 2 (TensorFlow's own warnings and info hidden).
+filtered. Unset, it becomes 3: TensorFlow's C++ logging is hidden, errors too,
+since on a machine without a GPU its first dataset logs a failed cuInit as an
+error. TensorFlow serves only the input pipeline here; its Python errors still raise.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ NOISE = re.compile(
 
 def install() -> None:
     """Filters the start-up lines of the first `import tensorflow` (a no-op once it is imported)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if "tensorflow" in sys.modules or os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0":
         return
     if not any(isinstance(finder, _TensorFlowFinder) for finder in sys.meta_path):

@@ -4,11 +4,14 @@ import os
 import subprocess
 import sys
 
-START_UP_LINES = ("absl::InitializeLog()", "oneDNN custom operations", "cudart_stub.cc", "cpu_feature_guard.cc")
+# Start-up lines, and the failed cuInit that the first dataset logs on a machine without a GPU.
+START_UP_LINES = ("absl::InitializeLog()", "oneDNN custom operations", "cudart_stub.cc", "cpu_feature_guard.cc",
+                  "failed call to cuInit")
 
 
 def stderr_of_import(**env):
-    code = "import sys, ptmjax.configurables; print('after import', file=sys.stderr)"
+    code = ("import sys, ptmjax.configurables, tensorflow as tf; list(tf.data.Dataset.range(2)); "
+            "print('after import', file=sys.stderr)")
     environ = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**environ, **env}, timeout=300, check=True)
