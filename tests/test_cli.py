@@ -23,6 +23,16 @@ def start_training(model_dir, *bindings):
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
+def train_in_process(*args: str) -> int:
+    """`ptmjax train ARGS` in this process; gin's config is cleared afterwards."""
+    import gin
+
+    try:
+        return cli.main(["train", *args])
+    finally:
+        gin.clear_config()
+
+
 def logged_steps(model_dir):
     path = os.path.join(model_dir, "metrics.jsonl")
     if not os.path.exists(path):
@@ -167,13 +177,7 @@ def test_a_missing_checkpoint_is_one_line(tmp_path, capsys):
 
 
 def test_a_mesh_that_does_not_fit_is_one_line(tmp_path, capsys):
-    import gin
-
-    try:
-        code = cli.main(["train", "--gin_bindings=MeshConfig.data = 3", f"--model_dir={tmp_path}"])
-    finally:
-        gin.clear_config()
-    assert code == 1
+    assert train_in_process("--gin_bindings=MeshConfig.data = 3", f"--model_dir={tmp_path}") == 1
     assert capsys.readouterr().err.splitlines() == [
         "ptmjax train: error: mesh {'data': 3, 'fsdp': 1, 'tensor': 1, 'expert': 1} has 3 devices but 8 are "
         "available; set one axis to -1 or make the product match"
@@ -190,13 +194,7 @@ def test_bugs_keep_their_traceback(monkeypatch, tmp_path):
 
 
 def test_a_missing_required_binding_is_one_line(tmp_path, capsys):
-    import gin
-
-    try:
-        code = cli.main(["train", "--gin_file=models/t5_1_1_tiny.gin", f"--model_dir={tmp_path}"])
-    finally:
-        gin.clear_config()
-    assert code == 1
+    assert train_in_process("--gin_file=models/t5_1_1_tiny.gin", f"--model_dir={tmp_path}") == 1
     assert capsys.readouterr().err == (
         "ptmjax train: error: Required bindings for `train` not provided in config: "
         "['model', 'task_feature_lengths', 'batch_size', 'num_steps']\n"
@@ -220,14 +218,8 @@ def test_a_misspelt_parameter_in_a_gin_file_names_the_file_and_line(tmp_path):
 
 
 def test_an_unregistered_task_lists_the_registered_ones_and_creates_nothing(tmp_path, capsys):
-    import gin
-
-    try:
-        code = cli.main(["train", "--gin_bindings=train.mixture_or_task_name = 'no_such_task'",
-                         f"--model_dir={tmp_path / 'run'}"])  # fmt: skip
-    finally:
-        gin.clear_config()
-    assert code == 1
+    task = "--gin_bindings=train.mixture_or_task_name = 'no_such_task'"
+    assert train_in_process(task, f"--model_dir={tmp_path / 'run'}") == 1
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("ptmjax train: error: unknown task or mixture 'no_such_task'; registered ptmjax ones: ")
     assert "ptmjax_pretrain" in line and line.endswith("(import the module that registers yours first)")

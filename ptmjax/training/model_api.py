@@ -178,9 +178,7 @@ class ModelApi:
     def unscanned(self) -> ModelApi:
         """The same model with plain (unscanned) layers: the layout the optimizer, golden files and
         Hugging Face see. `layer_stack.scan` / `unscan` convert parameters between the two."""
-        if not self.scanning:
-            return self
-        return model_api(layer_stack.with_scan_layers(self.module, False))
+        return self.with_scan_layers(False) if self.scanning else self
 
     def with_scan_layers(self, scan_layers: bool) -> ModelApi | None:
         """The same model with `scan_layers` set; None for a family without layer stacks."""

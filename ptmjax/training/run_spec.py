@@ -45,10 +45,11 @@ class RunSpec:
 
     def trainer(self, mesh: Mesh) -> Trainer:
         """The Trainer of this run on `mesh`; checks first that the batch splits over it."""
-        ways = partitioning.data_parallel_size(mesh) * self.num_microbatches
+        data_ways = partitioning.data_parallel_size(mesh)
+        ways = data_ways * self.num_microbatches
         if self.batch_size % ways:
             raise ValueError(
-                f"train.batch_size={self.batch_size} does not split over the {partitioning.data_parallel_size(mesh)} "
+                f"train.batch_size={self.batch_size} does not split over the {data_ways} "
                 f"data-parallel devices of mesh {dict(mesh.shape)} times num_microbatches={self.num_microbatches}; "
                 f"pick a multiple of {ways}"
             )
