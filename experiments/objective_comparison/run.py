@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 from flax import linen as nn
 
-from ptmjax import evaluation
+from ptmjax.evaluation import rank_classification as evaluation
 from ptmjax.data import downstream_tasks, objective_tasks, pipeline, tasks
 from ptmjax.gin_files import parse_gin, read_model_config, resolve_gin_file
 from ptmjax.model_dir import ModelDir

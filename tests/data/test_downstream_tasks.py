@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ptmjax import evaluation
+from ptmjax.evaluation import rank_classification as evaluation
 from ptmjax.data import downstream_tasks, objective_tasks, pipeline, vocabularies
 from ptmjax.models import EncoderDecoder, T5Config
 

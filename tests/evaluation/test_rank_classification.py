@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import seqio
 
-from ptmjax import evaluation
+from ptmjax.evaluation import rank_classification as evaluation
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
 
 CONFIG = T5Config(

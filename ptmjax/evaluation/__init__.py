@@ -1,0 +1,1 @@
+"""Evaluation: rank classification, seqio metrics, and the surveys' downstream benchmark tasks."""
