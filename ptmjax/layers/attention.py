@@ -6,11 +6,16 @@ no attention crosses segments. `pad_token_id` (0 by default; BART uses 1) is
 padding in encoder inputs; decoder inputs start with id 0 (the BOS of T5), so
 decoder padding is known only from segment ids, and without them causality
 alone keeps real positions clean.
+
+Decoding keeps keys and values in the 'cache' collection (see `CacheSlots`
+and `MultiHeadAttention`): self-attention writes each step's keys into a
+fixed-size cache, cross-attention projects the encoder output once.
 """
 
 from __future__ import annotations
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -19,6 +24,7 @@ from ptmjax.layers.dense import Dense
 
 Array = jax.Array
 
+HEAD_AXES = ("activation_batch", "activation_length", "activation_heads", "activation_kv")  # [b, l, heads, head_dim]
 NEG_INF = -1e10  # finite, so a fully masked row gives a uniform softmax instead of NaN
 
 
@@ -96,6 +102,46 @@ def cross_mask(
     return mask
 
 
+@flax.struct.dataclass
+class CacheSlots:
+    """Where a decoding call's tokens go in the key/value cache.
+
+    index: int32 scalar, the cache slot of the call's first token (its others follow).
+    length: the cache's number of slots (static).
+    """
+
+    index: Array
+    length: int = flax.struct.field(pytree_node=False)
+
+    def query_slots(self, num_queries: int) -> Array:
+        """int32 [num_queries]: the slots of the call's tokens."""
+        return self.index + jnp.arange(num_queries, dtype=jnp.int32)
+
+    def key_slots(self) -> Array:
+        """int32 [length]: every slot of the cache."""
+        return jnp.arange(self.length, dtype=jnp.int32)
+
+    def causal_mask(self, num_queries: int) -> Array:
+        """[1, 1, q, length]: a query sees the slots up to its own."""
+        return (self.key_slots()[None, :] <= self.query_slots(num_queries)[:, None])[None, None]
+
+
+def cached_self_mask(
+    cache: CacheSlots, num_queries: int, key_segment_ids: Array | None = None, prefix: Array | None = None
+) -> Array:
+    """Decoder-only mask [b|1, 1, q, length] of a decoding call: causal over the cache slots, within
+    the non-padding slots (key_segment_ids [b, length] > 0), and bidirectional among the slots that
+    `prefix` [b, length] marks (a prefix-LM prompt)."""
+    mask = cache.causal_mask(num_queries)
+    if prefix is not None:
+        prefix = prefix.astype(bool)
+        query_prefix = jax.lax.dynamic_slice_in_dim(prefix, cache.index, num_queries, axis=1)
+        mask = mask | pairwise_mask(query_prefix, prefix)
+    if key_segment_ids is not None:
+        mask = mask & (key_segment_ids > 0)[:, None, None, :]
+    return mask
+
+
 def mask_to_bias(mask: Array, dtype: DType = jnp.float32) -> Array:
     """Boolean mask -> additive bias: 0 where allowed, a large negative number elsewhere."""
     return jnp.where(mask, 0.0, NEG_INF).astype(dtype)
@@ -108,6 +154,14 @@ class MultiHeadAttention(nn.Module):
     projections and logits divided by sqrt(head_dim).
     Attention probabilities are sown into 'intermediates' as `attention_weights`
     [b, heads, q, k]; apply with `mutable=['intermediates']` to read them.
+
+    Decoding (`cache` given, apply with `mutable=['cache']`): self-attention
+    writes the call's keys and values at `cache.index` of a [b, cache.length,
+    heads, head_dim] cache and attends to every slot (`bias` [.., q,
+    cache.length] masks the unwritten ones); `cross_attention=True` projects
+    `inputs_kv` (the encoder output) once into the cache, and later calls pass
+    `inputs_kv=None` to read it. The first call creates the cache without
+    writing (run it under `jax.eval_shape` with `cache.length` queries).
     """
 
     num_heads: int
@@ -115,12 +169,14 @@ class MultiHeadAttention(nn.Module):
     dropout_rate: float = 0.0
     use_bias: bool = False
     scale_logits: bool = False
+    cross_attention: bool = False
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
 
     @nn.compact
     def __call__(
-        self, inputs_q: Array, inputs_kv: Array, bias: Array | None = None, enable_dropout: bool = False
+        self, inputs_q: Array, inputs_kv: Array | None, bias: Array | None = None, enable_dropout: bool = False,
+        cache: CacheSlots | None = None,
     ) -> Array:
         """inputs_q [b, q, embed], inputs_kv [b, k, embed], bias broadcastable to [b, heads, q, k] -> [b, q, embed]."""
         embed = inputs_q.shape[-1]
@@ -132,14 +188,19 @@ class MultiHeadAttention(nn.Module):
             "dtype": self.dtype,
             "param_dtype": self.param_dtype,
         }
-        head_axes = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
         query_scale = 1.0 if self.scale_logits else 1.0 / self.head_dim
         query = Dense(name="query", kernel_scale=query_scale, **proj)(inputs_q)  # [b, q, h, d]
-        key = Dense(name="key", **proj)(inputs_kv)  # [b, k, h, d]
-        value = Dense(name="value", **proj)(inputs_kv)  # [b, k, h, d]
-        query = nn.with_logical_constraint(query, head_axes)
-        key = nn.with_logical_constraint(key, head_axes)
-        value = nn.with_logical_constraint(value, head_axes)
+        query = nn.with_logical_constraint(query, HEAD_AXES)
+        if cache is not None and inputs_kv is None:  # a later decoding step of cross-attention
+            key, value = self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
+        else:
+            key = nn.with_logical_constraint(Dense(name="key", **proj)(inputs_kv), HEAD_AXES)  # [b, k, h, d]
+            value = nn.with_logical_constraint(Dense(name="value", **proj)(inputs_kv), HEAD_AXES)  # [b, k, h, d]
+            if cache is not None and self.cross_attention:
+                self.put_variable("cache", "cross_key", key)
+                self.put_variable("cache", "cross_value", value)
+            elif cache is not None:
+                key, value = self._write_to_cache(key, value, cache.index)  # [b, cache length, h, d]
 
         if self.scale_logits:
             query = query * jnp.asarray(self.head_dim**-0.5, query.dtype)
@@ -151,7 +212,7 @@ class MultiHeadAttention(nn.Module):
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
 
         context = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d]
-        context = nn.with_logical_constraint(context, head_axes)
+        context = nn.with_logical_constraint(context, HEAD_AXES)
         out = Dense(
             name="out",
             features=(embed,),
@@ -163,3 +224,18 @@ class MultiHeadAttention(nn.Module):
             param_dtype=self.param_dtype,
         )(context)  # [b, q, embed]
         return nn.with_logical_constraint(out, ("activation_batch", "activation_length", "activation_embed"))
+
+    def _write_to_cache(self, key: Array, value: Array, index: Array) -> tuple[Array, Array]:
+        """Writes key and value [b, q, h, d] at slot `index` of the cache; returns the whole cache.
+
+        The call that creates the cache (sized by its own length) writes nothing.
+        """
+        created = self.has_variable("cache", "cached_key")
+        cached = []
+        for name, new in (("cached_key", key), ("cached_value", value)):
+            variable = self.variable("cache", name, jnp.zeros, new.shape, new.dtype)
+            if created:
+                updated = jax.lax.dynamic_update_slice(variable.value, new.astype(variable.value.dtype), (0, index, 0, 0))
+                variable.value = nn.with_logical_constraint(updated, HEAD_AXES)
+            cached.append(variable.value)
+        return tuple(cached) if created else (key, value)

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.layers.attention import (
+    CacheSlots,
     MultiHeadAttention,
     cross_mask,
     decoder_self_mask,
@@ -137,9 +138,13 @@ class BartLayer(nn.Module):
         self_bias: Array,
         encoded: Array | None = None,
         cross_bias: Array | None = None,
+        cache: CacheSlots | None = None,
         enable_dropout: bool = False,
     ) -> Array:
-        """x [b, l, embed], self_bias [b, 1, l, l]; decoder: encoded [b, s, embed], cross_bias [b, 1, l, s]."""
+        """x [b, l, embed], self_bias [b, 1, l, l]; decoder: encoded [b, s, embed], cross_bias [b, 1, l, s].
+
+        Decoding (`cache`, decoder layers): as T5's DecoderLayer.
+        """
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
 
@@ -149,17 +154,17 @@ class BartLayer(nn.Module):
             x = x + drop(h, deterministic=not enable_dropout)
             return x if c.pre_layer_norm else norm(x)
 
-        def attention(name: str) -> MultiHeadAttention:
+        def attention(name: str, cross_attention: bool = False) -> MultiHeadAttention:
             return MultiHeadAttention(
-                c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True, name=name,
-                **dtype_kwargs(c),
+                c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
+                cross_attention=cross_attention, name=name, **dtype_kwargs(c),
             )  # fmt: skip
 
         self_name = "self_attention" if self.decoder else "attention"
-        x = residual(x, self_name, lambda h: attention(self_name)(h, h, self_bias, enable_dropout))
+        x = residual(x, self_name, lambda h: attention(self_name)(h, h, self_bias, enable_dropout, cache))
         if self.decoder:
             cross = "encoder_decoder_attention"
-            x = residual(x, cross, lambda h: attention(cross)(h, encoded, cross_bias, enable_dropout))
+            x = residual(x, cross, lambda h: attention(cross, True)(h, encoded, cross_bias, enable_dropout, cache))
         mlp = MlpBlock(c.d_ff, (c.activation,), c.activation_dropout_rate, use_bias=True, name="mlp", **dtype_kwargs(c))
         x = residual(x, "mlp", lambda h: mlp(h, enable_dropout))
         x = nn.with_logical_constraint(x, HIDDEN_AXES)
@@ -183,6 +188,7 @@ class BartStack(nn.Module):
         encoded: Array | None = None,
         cross_bias: Array | None = None,
         enable_dropout: bool = False,
+        cache: CacheSlots | None = None,
     ) -> Array:
         """tokens [b, l], positions [b|1, l] (from 0) -> final hidden states [b, l, embed]."""
         c = self.config
@@ -194,7 +200,7 @@ class BartStack(nn.Module):
         x = nn.with_logical_constraint(nn.Dropout(c.dropout_rate)(x, deterministic=not enable_dropout), HIDDEN_AXES)
         num_layers = c.num_decoder_layers if self.decoder else c.num_encoder_layers
         x = apply_layers(
-            BartLayer, c, num_layers, x, self_bias, encoded, cross_bias, enable_dropout=enable_dropout,
+            BartLayer, c, num_layers, x, self_bias, encoded, cross_bias, cache, enable_dropout=enable_dropout,
             decoder=self.decoder,
         )  # fmt: skip
         if c.pre_layer_norm:
@@ -252,21 +258,28 @@ class Bart(EncoderDecoderInterface):
         decoder_segment_ids: Array | None = None,
         decoder_positions: Array | None = None,
         enable_dropout: bool = False,
+        cache: CacheSlots | None = None,
     ) -> Array:
         """encoded [b, s, embed], encoder tokens [b, s] (for the mask), decoder tokens [b, t]
 
-        -> logits [b, t, vocab].
+        -> logits [b, t, vocab]. Decoding: see `EncoderDecoderInterface`; positions are cache slots.
         """
         c, tokens = self.config, decoder_input_tokens
         check_token_inputs(
             "decoder_input_tokens", tokens, decoder_segment_ids=decoder_segment_ids,
             decoder_positions=decoder_positions,
         )  # fmt: skip
-        check_length(tokens.shape[1], c.max_length, "Bart decoder")
-        positions = sequential_positions(tokens) if decoder_positions is None else decoder_positions
+        check_length(tokens.shape[1] if cache is None else cache.length, c.max_length, "Bart decoder")
+        if cache is None:
+            positions = sequential_positions(tokens) if decoder_positions is None else decoder_positions
+            self_mask = decoder_self_mask(tokens, decoder_segment_ids)  # [b, 1, t, t]
+        else:
+            positions, self_mask = cache.query_slots(tokens.shape[1])[None], cache.causal_mask(tokens.shape[1])
         dtype = dtype_kwargs(c)["dtype"]
-        self_bias = mask_to_bias(decoder_self_mask(tokens, decoder_segment_ids), dtype)  # [b, 1, t, t]
+        self_bias = mask_to_bias(self_mask, dtype)
         cross = cross_mask(tokens, encoder_input_tokens, decoder_segment_ids, encoder_segment_ids, c.pad_token_id)
-        hidden = self.decoder(tokens, positions, self_bias, encoded, mask_to_bias(cross, dtype), enable_dropout)
+        hidden = self.decoder(
+            tokens, positions, self_bias, encoded, mask_to_bias(cross, dtype), enable_dropout, cache
+        )
         logits = self.token_embedder.attend(hidden) + jnp.asarray(self.final_logits_bias, dtype)  # [b, t, vocab]
         return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES)

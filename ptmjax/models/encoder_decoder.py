@@ -15,8 +15,13 @@ class EncoderDecoderInterface(nn.Module):
     encoder_positions=None, enable_dropout=False)` -> encoded [b, s, embed] and
     `decode(encoded, encoder_input_tokens, decoder_input_tokens,
     encoder_segment_ids=None, decoder_segment_ids=None, decoder_positions=None,
-    enable_dropout=False)` -> float32 logits [b, t, vocab]; `__call__` is
+    enable_dropout=False, cache=None)` -> float32 logits [b, t, vocab]; `__call__` is
     `decode(encode(...))`, so every such model trains through the same step.
+
+    Decoding (ptmjax/decoding): `decode` with `cache` (layers.attention.CacheSlots,
+    applied with mutable=['cache']) feeds decoder tokens one call at a time into a
+    key/value cache; the first call with a cache creates it, the second passes
+    `encoded` (its cross-attention keys are cached), later ones pass encoded=None.
     """
 
     def __call__(

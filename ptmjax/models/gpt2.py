@@ -16,7 +16,13 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from ptmjax.layers.attention import MultiHeadAttention, mask_to_bias, prefix_lm_self_mask
+from ptmjax.layers.attention import (
+    CacheSlots,
+    MultiHeadAttention,
+    cached_self_mask,
+    mask_to_bias,
+    prefix_lm_self_mask,
+)
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
 from ptmjax.layers.embed import Embed
 from ptmjax.layers.layer_stack import apply_layers
@@ -82,15 +88,15 @@ class GPT2Block(nn.Module):
     use_moe: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, bias: Array, enable_dropout: bool = False) -> Array:
-        """x [b, t, embed], bias [b, 1, t, t] -> [b, t, embed]."""
+    def __call__(self, x: Array, bias: Array, cache: CacheSlots | None = None, enable_dropout: bool = False) -> Array:
+        """x [b, t, embed], bias [b, 1, t, t] (decoding: [b, 1, t, cache.length]) -> [b, t, embed]."""
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
         h = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
             name="attention", **dtype_kwargs(c),
-        )(h, h, bias, enable_dropout)  # fmt: skip
+        )(h, h, bias, enable_dropout, cache)  # fmt: skip
         x = x + drop(h, deterministic=not enable_dropout)
         h = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
         if self.use_moe:
@@ -111,6 +117,12 @@ class GPT2(nn.Module):
       decoder_positions [b, t] (default 0..t-1); decoder_causal_attention [b, t]
       (1 on the bidirectional prefix; None = fully causal).
     Dropout draws from the 'dropout' rng when `enable_dropout=True`.
+
+    Decoding (`cache`, layers.attention.CacheSlots, applied with mutable=['cache']):
+    the tokens [b, l] fill cache slots cache.index, ..., with their
+    `decoder_positions` [b, l]; `decoder_segment_ids` and `decoder_causal_attention`
+    then cover every cache slot [b, cache.length], marking padding (0) and the
+    bidirectional prefix. The first call with a cache creates it (see ptmjax/decoding).
     """
 
     config: GPT2Config
@@ -132,21 +144,25 @@ class GPT2(nn.Module):
         decoder_positions: Array | None = None,
         decoder_causal_attention: Array | None = None,
         enable_dropout: bool = False,
+        cache: CacheSlots | None = None,
     ) -> Array:
         """-> final hidden states [b, t, embed], after the last LayerNorm; the layers are this method's children."""
         tokens = decoder_input_tokens
+        slot_fields = {"decoder_segment_ids": decoder_segment_ids, "decoder_causal_attention": decoder_causal_attention}
         check_token_inputs(
-            "decoder_input_tokens", tokens, decoder_segment_ids=decoder_segment_ids,
-            decoder_positions=decoder_positions, decoder_causal_attention=decoder_causal_attention,
+            "decoder_input_tokens", tokens, decoder_positions=decoder_positions, **({} if cache else slot_fields)
         )  # fmt: skip
         batch, length = tokens.shape
-        check_length(length, self.config.max_length, "GPT2")
+        check_length(length if cache is None else cache.length, self.config.max_length, "GPT2")
         positions = sequential_positions(tokens) if decoder_positions is None else decoder_positions
         x = self.token_embedder(tokens) + self.position_embedder(positions)  # [b, t, embed]
         x = nn.with_logical_constraint(self.dropout(x, deterministic=not enable_dropout), HIDDEN_AXES)
-        mask = prefix_lm_self_mask(length, decoder_causal_attention, decoder_segment_ids, batch)  # [b, 1, t, t]
+        if cache is None:
+            mask = prefix_lm_self_mask(length, decoder_causal_attention, decoder_segment_ids, batch)  # [b, 1, t, t]
+        else:
+            mask = cached_self_mask(cache, length, decoder_segment_ids, decoder_causal_attention)
         bias = mask_to_bias(mask, x.dtype)
-        x = apply_layers(GPT2Block, self.config, self.config.num_layers, x, bias, enable_dropout=enable_dropout)
+        x = apply_layers(GPT2Block, self.config, self.config.num_layers, x, bias, cache, enable_dropout=enable_dropout)
         return nn.with_logical_constraint(self.decoder_norm(x), HIDDEN_AXES)
 
     def __call__(
@@ -156,10 +172,12 @@ class GPT2(nn.Module):
         decoder_positions: Array | None = None,
         decoder_causal_attention: Array | None = None,
         enable_dropout: bool = False,
+        cache: CacheSlots | None = None,
     ) -> Array:
         """-> logits float32 [b, t, vocab] against the (tied) token embedding."""
         x = self.hidden_states(
-            decoder_input_tokens, decoder_segment_ids, decoder_positions, decoder_causal_attention, enable_dropout
-        )
+            decoder_input_tokens, decoder_segment_ids, decoder_positions, decoder_causal_attention, enable_dropout,
+            cache,
+        )  # fmt: skip
         logits = self.token_embedder.attend(x)
         return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES)

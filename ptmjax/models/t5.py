@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.layers.attention import (
+    CacheSlots,
     MultiHeadAttention,
     cross_mask,
     decoder_self_mask,
@@ -125,17 +126,24 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: Array, encoded: Array, self_bias: Array, cross_bias: Array, enable_dropout: bool = False
+        self, x: Array, encoded: Array | None, self_bias: Array, cross_bias: Array, cache: CacheSlots | None = None,
+        enable_dropout: bool = False,
     ) -> Array:
-        """x [b, t, embed], encoded [b, s, embed], self_bias [b|1, h, t, t], cross_bias [b, 1, t, s]."""
+        """x [b, t, embed], encoded [b, s, embed], self_bias [b|1, h, t, t], cross_bias [b, 1, t, s].
+
+        Decoding (`cache`): self_bias covers the cache slots [.., t, cache.length]; encoded is None
+        after the first call (the cross-attention keys are cached).
+        """
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
         attn = dict(num_heads=c.num_heads, head_dim=c.head_dim, dropout_rate=c.dropout_rate, **dtype_kwargs(c))
         h = RMSNorm(c.layer_norm_epsilon, name="pre_self_attention_layer_norm", **dtype_kwargs(c))(x)
-        h = MultiHeadAttention(name="self_attention", **attn)(h, h, self_bias, enable_dropout)
+        h = MultiHeadAttention(name="self_attention", **attn)(h, h, self_bias, enable_dropout, cache)
         x = x + drop(h, deterministic=not enable_dropout)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_cross_attention_layer_norm", **dtype_kwargs(c))(x)
-        h = MultiHeadAttention(name="encoder_decoder_attention", **attn)(h, encoded, cross_bias, enable_dropout)
+        h = MultiHeadAttention(name="encoder_decoder_attention", cross_attention=True, **attn)(
+            h, encoded, cross_bias, enable_dropout, cache
+        )
         x = x + drop(h, deterministic=not enable_dropout)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
         h = _feed_forward(c, self.use_moe)(h, enable_dropout)
@@ -145,20 +153,19 @@ class DecoderLayer(nn.Module):
 
 
 def _embed_with_position_bias(
-    c: T5Config, embedding: Embed, drop: nn.Dropout, tokens: Array, positions: Array | None,
-    bidirectional: bool, enable_dropout: bool,
+    c: T5Config, embedding: Embed, drop: nn.Dropout, tokens: Array, query_positions: Array,
+    key_positions: Array, bidirectional: bool, enable_dropout: bool,
 ) -> tuple[Array, Array]:
-    """The start of a stack: embedded tokens [b, l, embed] and its relative bias [b|1, h, l, l].
+    """The start of a stack: embedded tokens [b, q, embed] and its relative bias [b|1, h, q, k].
 
     Called inside a stack's compact `__call__`, so the bias module is that stack's child.
     """
     x = embedding(tokens).astype(c.compute_dtype)
     x = nn.with_logical_constraint(drop(x, deterministic=not enable_dropout), HIDDEN_AXES)
-    pos = _positions(tokens, positions)
     bias = RelativePositionBias(
         c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
         bidirectional=bidirectional, name="relpos_bias", **dtype_kwargs(c),
-    )(pos, pos)  # fmt: skip
+    )(query_positions, key_positions)  # fmt: skip
     return x, bias
 
 
@@ -178,7 +185,8 @@ class Encoder(nn.Module):
     ) -> Array:
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
-        x, bias = _embed_with_position_bias(c, self.shared_embedding, drop, tokens, positions, True, enable_dropout)
+        pos = _positions(tokens, positions)
+        x, bias = _embed_with_position_bias(c, self.shared_embedding, drop, tokens, pos, pos, True, enable_dropout)
         bias = bias + mask_to_bias(encoder_self_mask(tokens, segment_ids), c.compute_dtype)  # [b, h, s, s]
         x = apply_layers(EncoderLayer, c, c.num_encoder_layers, x, bias, enable_dropout=enable_dropout)
         x = RMSNorm(c.layer_norm_epsilon, name="encoder_norm", **dtype_kwargs(c))(x)
@@ -186,7 +194,11 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Decoder token ids [b, t] and encoded [b, s, embed] -> float32 logits [b, t, vocab]."""
+    """Decoder token ids [b, t] and encoded [b, s, embed] -> float32 logits [b, t, vocab].
+
+    Decoding (`cache`): the tokens fill cache slots cache.index, ... and attend
+    causally to the cache; their relative positions are their slots.
+    """
 
     config: T5Config
     shared_embedding: Embed
@@ -201,18 +213,26 @@ class Decoder(nn.Module):
         segment_ids: Array | None = None,
         positions: Array | None = None,
         enable_dropout: bool = False,
+        cache: CacheSlots | None = None,
     ) -> Array:
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
+        if cache is None:
+            query_pos = key_pos = _positions(tokens, positions)
+            self_mask = decoder_self_mask(tokens, segment_ids)  # [b, 1, t, t]
+        else:
+            query_pos, key_pos = cache.query_slots(tokens.shape[1])[None], cache.key_slots()[None]
+            self_mask = cache.causal_mask(tokens.shape[1])  # [1, 1, t, cache length]
         x, self_bias = _embed_with_position_bias(
-            c, self.shared_embedding, drop, tokens, positions, False, enable_dropout
+            c, self.shared_embedding, drop, tokens, query_pos, key_pos, False, enable_dropout
         )
-        self_bias = self_bias + mask_to_bias(decoder_self_mask(tokens, segment_ids), c.compute_dtype)
+        self_bias = self_bias + mask_to_bias(self_mask, c.compute_dtype)
         cross = cross_mask(tokens, encoder_tokens, segment_ids, encoder_segment_ids)
         cross_bias = mask_to_bias(cross, c.compute_dtype)  # [b, 1, t, s]
         x = apply_layers(
-            DecoderLayer, c, c.num_decoder_layers, x, encoded, self_bias, cross_bias, enable_dropout=enable_dropout
-        )
+            DecoderLayer, c, c.num_decoder_layers, x, encoded, self_bias, cross_bias, cache,
+            enable_dropout=enable_dropout,
+        )  # fmt: skip
         x = RMSNorm(c.layer_norm_epsilon, name="decoder_norm", **dtype_kwargs(c))(x)
         x = drop(x, deterministic=not enable_dropout)  # [b, t, embed]
         if c.tie_embeddings:
@@ -261,10 +281,11 @@ class EncoderDecoder(EncoderDecoderInterface):
         decoder_segment_ids: Array | None = None,
         decoder_positions: Array | None = None,
         enable_dropout: bool = False,
+        cache: CacheSlots | None = None,
     ) -> Array:
         """encoded [b, s, embed], encoder tokens [b, s] (for the mask), decoder tokens [b, t]
 
-        -> logits [b, t, vocab].
+        -> logits [b, t, vocab]. Decoding: see `EncoderDecoderInterface`.
         """
         check_token_inputs(
             "decoder_input_tokens", decoder_input_tokens,
@@ -272,5 +293,5 @@ class EncoderDecoder(EncoderDecoderInterface):
         )  # fmt: skip
         return self.decoder(
             encoded, encoder_input_tokens, decoder_input_tokens,
-            encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout,
+            encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout, cache,
         )  # fmt: skip

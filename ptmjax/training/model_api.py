@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import seqio
 from flax import linen as nn
 
+from ptmjax import decoding
 from ptmjax.data import feature_converters
 from ptmjax.layers import layer_stack
 from ptmjax.models import GPT2
@@ -57,8 +58,9 @@ class Family:
         against, taken from the module's output.
       rng_streams: rng collections the module draws from besides 'params' and
         'dropout' (ELECTRA's generator samples from 'sample').
-      predict: the decoding function (key/value-cached greedy, beam, sampling);
-        None until a family's decoding is built.
+      predict: decoding with a key/value cache (greedy, beam search, sampling),
+        `(module, params, batch, DecodeConfig, GenerationIds, rng) -> DecodeOutput`
+        (ptmjax/decoding); None for a family that does not generate.
     """
 
     feature_converter: type[seqio.FeatureConverter]
@@ -76,11 +78,13 @@ SEQUENCE_TO_SEQUENCE = Family(
     seqio.EncDecFeatureConverter, ("encoder_input_tokens", "decoder_input_tokens"),
     ("decoder_target_tokens", "decoder_loss_weights"), "decoder_target_tokens", "decoder_loss_weights",
     model_losses.sequence_to_sequence_loss,
+    predict=functools.partial(decoding.predict, decoding.encoder_decoder_prefill),
 )  # fmt: skip
 # Handles causal LM ('targets' only) and prefix LM ('inputs' + 'targets').
 DECODER_ONLY = dataclasses.replace(
-    SEQUENCE_TO_SEQUENCE, feature_converter=seqio.DecoderFeatureConverter, init_fields=("decoder_input_tokens",)
-)
+    SEQUENCE_TO_SEQUENCE, feature_converter=seqio.DecoderFeatureConverter, init_fields=("decoder_input_tokens",),
+    predict=functools.partial(decoding.predict, decoding.decoder_only_prefill),
+)  # fmt: skip
 MASKED_LM = Family(
     feature_converters.MaskedLmFeatureConverter, ("input_tokens",), ("target_tokens", "loss_mask"), "target_tokens",
     "loss_mask", model_losses.masked_lm_loss, target_logits=lambda outputs: outputs.mlm_logits,
@@ -223,6 +227,20 @@ class ModelApi:
         targets = batch[self.family.targets]
         token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, t]
         return jnp.sum(token_log_probs * batch[self.family.loss_weights].astype(jnp.float32), axis=-1)
+
+    def predict(
+        self, params: Any, batch: Batch, config: decoding.DecodeConfig, ids: decoding.GenerationIds,
+        rng: jax.Array | None = None,
+    ) -> decoding.DecodeOutput:  # fmt: skip
+        """Decodes `batch` with a key/value cache as `config` says (ptmjax/decoding); pure, so jit it
+        with `config` and `ids` static. Encoder-decoders read 'encoder_input_tokens'; decoder-only
+        models a prompt in 'decoder_input_tokens' (see decoding.prefill)."""
+        if self.family.predict is None:
+            raise ValueError(
+                f"{type(self.module).__name__} does not generate text; decode with an encoder-decoder (T5, BART) "
+                "or a decoder-only model (GPT-2)"
+            )
+        return self.family.predict(self.module, params, batch, config, ids, rng)
 
 
 def model_api(module: nn.Module) -> ModelApi:

@@ -1,0 +1,79 @@
+"""Beam search over a `Prefill`, in one `lax.while_loop`, as T5X and Hugging Face do it.
+
+Each step extends every live beam by every token and keeps the 2k best
+candidates (k = beams). Those of the first k that end (EOS, or the last
+step) join the k finished sequences if they score higher, with the length
+penalty applied; the best k that did not emit EOS live on, their caches
+picked from their parents'. A row is done once it holds k finished
+sequences and no live beam can still beat the worst of them (log-probabilities
+only fall; with alpha > 0, the best case divides by the longest length's
+penalty). The loop ends when every row is done, or after the last step.
+With length_penalty_alpha=0 this is Hugging Face's `generate(num_beams=k,
+length_penalty=0.0)` token for token.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ptmjax.decoding import cache as cache_rows
+from ptmjax.decoding.prefill import Prefill
+from ptmjax.decoding.sampling import forced_first
+
+Array = jax.Array
+
+
+def length_penalty(length: Array | int, alpha: float) -> Array:
+    """((5 + length) / 6) ** alpha (GNMT, T5); 1 for alpha = 0."""
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _take(values: Array, indices: Array) -> Array:
+    """values [b, m, ...] at indices [b, k] along axis 1 -> [b, k, ...]."""
+    expanded = indices.reshape(indices.shape + (1,) * (values.ndim - 2))
+    return jnp.take_along_axis(values, expanded, axis=1)
+
+
+def beam_search(
+    prefill: Prefill, num_beams: int, max_decode_length: int, eos_id: int, pad_id: int, alpha: float = 0.6,
+    forced_first_token: int | None = None,
+) -> tuple[Array, Array]:  # fmt: skip
+    """-> tokens int32 [b, num_beams, max_decode_length] and scores float32 [b, num_beams], best first."""
+    rows, vocab = prefill.first_logits.shape
+    k, length = num_beams, max_decode_length
+    best_case_penalty = length_penalty(length, alpha)
+
+    def body(state: tuple) -> tuple:
+        i, live_tokens, live_scores, done_tokens, done_scores, decode_state, logits = state
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(rows, k, vocab)
+        candidates = (live_scores[:, :, None] + forced_first(log_probs, i, forced_first_token)).reshape(rows, -1)
+        scores, flat = jax.lax.top_k(candidates, 2 * k)  # [b, 2k]
+        parents, tokens = flat // vocab, (flat % vocab).astype(jnp.int32)
+        sequences = _take(live_tokens, parents).at[:, :, i].set(tokens)  # [b, 2k, length]
+        ends = (tokens == eos_id) | (i == length - 1)
+        finishing = ends & (jnp.arange(2 * k) < k)
+        finished_scores = jnp.where(finishing, scores / length_penalty(i + 1, alpha), -jnp.inf)
+        done_scores, best = jax.lax.top_k(jnp.concatenate([done_scores, finished_scores], axis=1), k)
+        done_tokens = _take(jnp.concatenate([done_tokens, sequences], axis=1), best)
+        live_scores, best = jax.lax.top_k(jnp.where(tokens == eos_id, -jnp.inf, scores), k)
+        live_tokens = _take(sequences, best)
+        source_rows = (jnp.arange(rows)[:, None] * k + _take(parents, best)).reshape(-1)
+        decode_state = cache_rows.take_rows(decode_state, source_rows)
+        logits, decode_state = prefill.step(decode_state, _take(tokens, best).reshape(-1), i)
+        return i + 1, live_tokens, live_scores, done_tokens, done_scores, decode_state, logits
+
+    def running(state: tuple) -> Array:
+        i, live_scores, done_scores = state[0], state[2], state[4]
+        worst_done = done_scores[:, -1]
+        row_done = (worst_done > -jnp.inf) & (live_scores[:, 0] / best_case_penalty <= worst_done)
+        return (i < length) & ~jnp.all(row_done)
+
+    first_live = jnp.where(jnp.arange(k) == 0, 0.0, -jnp.inf)  # one live beam per row at first
+    empty = jnp.full((rows, k, length), pad_id, jnp.int32)
+    state = (
+        jnp.zeros((), jnp.int32), empty, jnp.tile(first_live, (rows, 1)), empty, jnp.full((rows, k), -jnp.inf),
+        cache_rows.repeat_rows(prefill.state, k), jnp.repeat(prefill.first_logits, k, axis=0),
+    )  # fmt: skip
+    state = jax.lax.while_loop(running, body, state)
+    return state[3], state[4]

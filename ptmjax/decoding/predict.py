@@ -1,0 +1,48 @@
+"""`predict`: a family's prefill, then greedy, beam search or sampling, as a DecodeConfig says."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from ptmjax.decoding import cache as cache_rows
+from ptmjax.decoding.beam_search import beam_search
+from ptmjax.decoding.config import DecodeConfig, DecodeOutput, GenerationIds
+from ptmjax.decoding.prefill import Prefill
+from ptmjax.decoding.sampling import sample
+
+Array = jax.Array
+PrefillFn = Callable[[nn.Module, Any, Mapping[str, Array], int, GenerationIds], Prefill]
+
+
+def predict(
+    prefill_fn: PrefillFn, module: nn.Module, params: Any, batch: Mapping[str, Array], config: DecodeConfig,
+    ids: GenerationIds, rng: Array | None = None,
+) -> DecodeOutput:  # fmt: skip
+    """Decodes every row of `batch` (the fields `prefill_fn` reads). Pure: jit it with `config` and `ids` static.
+
+    method='sample' needs `rng`.
+    """
+    length = config.max_decode_length
+    prefill = prefill_fn(module, params, batch, length, ids)
+    rows = prefill.first_logits.shape[0]
+    eos, pad, forced = ids.eos_token_id, ids.pad_token_id, ids.forced_bos_token_id
+    if config.method == "beam":
+        tokens, scores = beam_search(prefill, config.num_beams, length, eos, pad, config.length_penalty_alpha, forced)
+        return DecodeOutput(tokens[:, : config.num_decodes], scores[:, : config.num_decodes])
+    if config.method == "sample" and rng is None:
+        raise ValueError("DecodeConfig.method='sample' needs an rng (jax.random.key); greedy needs none.")
+    n = config.num_decodes
+    if n > 1:
+        prefill = Prefill(
+            jnp.repeat(prefill.first_logits, n, axis=0), cache_rows.repeat_rows(prefill.state, n), prefill.step
+        )
+    tokens, scores = sample(
+        prefill, length, eos, pad, rng if config.method == "sample" else None, config.temperature, config.top_k,
+        config.top_p, forced,
+    )  # fmt: skip
+    return DecodeOutput(tokens.reshape(rows, n, length), scores.reshape(rows, n))

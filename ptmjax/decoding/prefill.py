@@ -1,0 +1,121 @@
+"""Starting a decode: a family's prompt run through the model into a fresh key/value cache.
+
+A `Prefill` holds the logits of each row's first generated token, the
+rows' `DecodeState` (the key/value cache and the inputs every call reads), and
+`step(state, tokens, i)`: it feeds the i-th generated tokens [n] (i from 0)
+and returns the logits of the next ones and the updated state.
+The search algorithms (sampling.py, beam_search.py) know nothing else of the model.
+
+- Encoder-decoders (T5, BART): the encoder runs once; its cross-attention keys
+  and values are cached by the first decoder call, which feeds the decoder
+  start token at slot 0; generated token i goes to slot i + 1.
+- Decoder-only (GPT-2): prompts [b, P] (right-padded, `decoder_segment_ids` 0
+  on padding) are right-aligned in slots 0..P-1, so every row generates at
+  slot P, P + 1, ... while each token keeps its own position (padding slots
+  are masked, as Hugging Face's left padding does); `decoder_causal_attention`
+  marks a bidirectional prompt (a prefix LM), as in training. The prompt is
+  filled in one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from ptmjax.decoding.cache import DecodeState
+from ptmjax.decoding.config import GenerationIds
+from ptmjax.layers.attention import CacheSlots
+
+Array = jax.Array
+Step = Callable[[Any, Array, Array], tuple[Array, Any]]
+
+
+class Prefill(NamedTuple):
+    """first_logits float32 [n, vocab], the state of n rows, and the step that continues them."""
+
+    first_logits: Array
+    state: DecodeState
+    step: Step
+
+
+def _empty_state(create: Callable[[Array], tuple[Array, DecodeState]], inputs: Any, cache_length: int) -> DecodeState:
+    """`inputs` and zeros shaped like the cache that `create(tokens [b, cache_length])` creates."""
+    rows = jax.tree.leaves(inputs)[0].shape[0]
+    shapes = jax.eval_shape(lambda tokens: create(tokens)[1].kv, jnp.zeros((rows, cache_length), jnp.int32))
+    return DecodeState(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), inputs)
+
+
+def encoder_decoder_prefill(
+    module: nn.Module, params: Any, batch: Mapping[str, Array], max_decode_length: int, ids: GenerationIds
+) -> Prefill:
+    """batch['encoder_input_tokens'] [b, s] -> the prefill of b rows (see the module docstring)."""
+    inputs = batch["encoder_input_tokens"]
+    rows = inputs.shape[0]
+    encoded = module.apply({"params": params}, inputs, method="encode")
+
+    def decode(state: DecodeState, tokens: Array, index: Array | int, encoded: Array | None) -> tuple[Array, Any]:
+        variables = {"params": params} if state.kv is None else {"params": params, "cache": state.kv}
+        slots = CacheSlots(jnp.asarray(index, jnp.int32), max_decode_length)
+        logits, updated = module.apply(
+            variables, encoded, state.inputs, tokens, cache=slots, method="decode", mutable=["cache"]
+        )  # fmt: skip
+        return logits[:, -1], DecodeState(updated["cache"], state.inputs)
+
+    state = _empty_state(
+        lambda tokens: decode(DecodeState(None, inputs), tokens, 0, encoded), inputs, max_decode_length
+    )  # fmt: skip
+    start = jnp.full((rows, 1), ids.decoder_start_token_id, jnp.int32)
+    first_logits, state = decode(state, start, 0, encoded)
+
+    def step(state: DecodeState, tokens: Array, i: Array) -> tuple[Array, DecodeState]:
+        return decode(state, tokens[:, None], i + 1, None)
+
+    return Prefill(first_logits, state, step)
+
+
+def decoder_only_prefill(
+    module: nn.Module, params: Any, batch: Mapping[str, Array], max_decode_length: int, ids: GenerationIds
+) -> Prefill:
+    """batch['decoder_input_tokens'] [b, P] prompts (optional 'decoder_segment_ids' and
+    'decoder_causal_attention' [b, P]) -> the prefill of b rows (see the module docstring)."""
+    prompts = batch["decoder_input_tokens"]
+    rows, prompt_length = prompts.shape
+    valid = batch.get("decoder_segment_ids", jnp.ones_like(prompts)) > 0
+    lengths = jnp.sum(valid, axis=1).astype(jnp.int32)  # [b]
+    source = jnp.arange(prompt_length)[None] - (prompt_length - lengths)[:, None]  # [b, P]: prompt index of a slot
+    in_prompt = source >= 0
+
+    def right_aligned(field: Array, fill: int) -> Array:
+        return jnp.where(in_prompt, jnp.take_along_axis(field, jnp.maximum(source, 0), axis=1), fill)
+
+    tokens = right_aligned(prompts, ids.pad_token_id)
+    cache_length = prompt_length + max_decode_length
+    generated = jnp.ones((rows, max_decode_length), jnp.int32)
+    inputs = {  # over the cache slots [b, cache length]
+        "segment_ids": jnp.concatenate([in_prompt.astype(jnp.int32), generated], axis=1), "lengths": lengths,
+    }  # fmt: skip
+    if "decoder_causal_attention" in batch:
+        prompt_prefix = right_aligned(batch["decoder_causal_attention"].astype(jnp.int32), 0)
+        inputs["prefix"] = jnp.concatenate([prompt_prefix, 0 * generated], axis=1)
+
+    def decode(state: DecodeState, tokens: Array, positions: Array, index: Array | int) -> tuple[Array, DecodeState]:
+        variables = {"params": params} if state.kv is None else {"params": params, "cache": state.kv}
+        slots = CacheSlots(jnp.asarray(index, jnp.int32), cache_length)
+        fields = state.inputs
+        logits, updated = module.apply(
+            variables, tokens, fields["segment_ids"], positions, fields.get("prefix"), cache=slots, mutable=["cache"]
+        )  # fmt: skip
+        return logits[:, -1], DecodeState(updated["cache"], fields)
+
+    state = _empty_state(lambda tokens: decode(DecodeState(None, inputs), tokens, tokens, 0), inputs, cache_length)
+    first_logits, state = decode(state, tokens, jnp.maximum(source, 0), 0)
+
+    def step(state: DecodeState, tokens: Array, i: Array) -> tuple[Array, DecodeState]:
+        positions = (state.inputs["lengths"] + i)[:, None]
+        return decode(state, tokens[:, None], positions, prompt_length + i)
+
+    return Prefill(first_logits, state, step)
