@@ -36,7 +36,7 @@ def accuracy(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, fl
 
 
 def f1_binary(targets: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
-    """{'f1': F1 of class 1} over 0/1 labels; a prediction that is neither (-1: unparseable) counts as wrong, as in T5."""
+    """{'f1': F1 of class 1} over 0/1 labels; a prediction that is neither (-1: unparseable) is wrong, as in T5."""
     targets, predictions = np.asarray(targets), np.array(predictions)
     invalid = (predictions != 0) & (predictions != 1)
     predictions[invalid] = 1 - targets[invalid]

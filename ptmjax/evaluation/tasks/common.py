@@ -28,8 +28,8 @@ def register_task(
     seqio.TaskRegistry.remove(name)
     return seqio.TaskRegistry.add(
         name, source=source, output_features=tasks.output_features(vocabulary),
-        preprocessors=[*([text_preprocessor] if text_preprocessor else []), *TEXT_PREPROCESSORS], metric_fns=list(metric_fns),
-        postprocess_fn=postprocess_fn,
+        preprocessors=[*([text_preprocessor] if text_preprocessor else []), *TEXT_PREPROCESSORS],
+        metric_fns=list(metric_fns), postprocess_fn=postprocess_fn,
     )  # fmt: skip
 
 

@@ -2,17 +2,17 @@
 
 Importing this module registers, with `vocabularies.default_vocabulary()` (nothing is read):
 
-| task | inputs | targets | metrics |
+| task ('ptmjax_' + ) | inputs | targets | metrics |
 |---|---|---|---|
-| ptmjax_glue_cola | 'cola sentence: {sentence}' | unacceptable / acceptable | matthews_corrcoef |
-| ptmjax_glue_sst2 | 'sst2 sentence: {sentence}' | negative / positive | accuracy |
-| ptmjax_glue_mrpc | 'mrpc sentence1: {s1} sentence2: {s2}' | not_equivalent / equivalent | f1, accuracy |
-| ptmjax_glue_qqp | 'qqp question1: {q1} question2: {q2}' | not_duplicate / duplicate | f1, accuracy |
-| ptmjax_glue_stsb | 'stsb sentence1: {s1} sentence2: {s2}' | the score rounded to 0.2, '3.8' | pearson_corrcoef, spearman_corrcoef |
-| ptmjax_glue_mnli | 'mnli hypothesis: {h} premise: {p}' | entailment / neutral / contradiction | accuracy |
-| ptmjax_glue_qnli | 'qnli question: {q} sentence: {s}' | entailment / not_entailment | accuracy |
-| ptmjax_glue_rte | 'rte sentence1: {s1} sentence2: {s2}' | entailment / not_entailment | accuracy |
-| ptmjax_glue_wnli | 'wnli sentence1: {s1} sentence2: {s2}' | not_entailment / entailment | accuracy |
+| glue_cola | 'cola sentence: {sentence}' | unacceptable / acceptable | matthews_corrcoef |
+| glue_sst2 | 'sst2 sentence: {sentence}' | negative / positive | accuracy |
+| glue_mrpc | 'mrpc sentence1: {s1} sentence2: {s2}' | not_equivalent / equivalent | f1, accuracy |
+| glue_qqp | 'qqp question1: {q1} question2: {q2}' | not_duplicate / duplicate | f1, accuracy |
+| glue_stsb | 'stsb sentence1: {s1} sentence2: {s2}' | score to 0.2: '3.8' | pearson_corrcoef, spearman_corrcoef |
+| glue_mnli | 'mnli hypothesis: {h} premise: {p}' | entailment / neutral / contradiction | accuracy |
+| glue_qnli | 'qnli question: {q} sentence: {s}' | entailment / not_entailment | accuracy |
+| glue_rte | 'rte sentence1: {s1} sentence2: {s2}' | entailment / not_entailment | accuracy |
+| glue_wnli | 'wnli sentence1: {s1} sentence2: {s2}' | not_entailment / entailment | accuracy |
 
 As T5's `preprocessors.glue`: the benchmark name, then each feature as 'key: value' in sorted key order;
 targets are TFDS' label names, '<unk>' for unlabelled test examples. Splits: 'train', 'validation',
@@ -82,7 +82,9 @@ def stsb_preprocessor(x: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     return {"inputs": inputs, "targets": targets, "idx": x["idx"]}
 
 
-def register_glue_tasks(vocabulary: seqio.Vocabulary | None = None, prefix: str = common.DEFAULT_PREFIX) -> seqio.Mixture:
+def register_glue_tasks(
+    vocabulary: seqio.Vocabulary | None = None, prefix: str = common.DEFAULT_PREFIX
+) -> seqio.Mixture:
     """(Re-)registers the tasks of the module doc as '{prefix}glue_<config>' with `vocabulary` (default:
     `vocabularies.default_vocabulary()`), and returns the '{prefix}glue' mixture."""
     vocabulary = vocabulary or vocabularies.default_vocabulary()

@@ -2,16 +2,16 @@
 
 Importing this module registers, with `vocabularies.default_vocabulary()` (nothing is read):
 
-| task | inputs | targets | metrics |
+| task ('ptmjax_' + ) | inputs | targets | metrics |
 |---|---|---|---|
-| ptmjax_super_glue_boolq | 'boolq passage: {p} question: {q}' | False / True | accuracy |
-| ptmjax_super_glue_cb | 'cb hypothesis: {h} premise: {p}' | entailment / contradiction / neutral | mean_3class_f1, accuracy |
-| ptmjax_super_glue_copa | 'copa choice1: {c1} choice2: {c2} premise: {p} question: {q}' | choice1 / choice2 | accuracy |
-| ptmjax_super_glue_multirc | 'multirc question: {q} answer: {a} paragraph: {p}' | False / True | f1, exact_match |
-| ptmjax_super_glue_record | 'record query: {q} entities: {e1, e2} passage: {p}' | an answer entity | em, f1 |
-| ptmjax_super_glue_rte | 'rte hypothesis: {h} premise: {p}' | entailment / not_entailment | accuracy |
-| ptmjax_super_glue_wic | 'wic sentence1: {s1} sentence2: {s2} word: {w}' | False / True | accuracy |
-| ptmjax_super_glue_wsc | 'wsc text: {text with * span1 * and # span2 #}' | False / True | accuracy |
+| super_glue_boolq | 'boolq passage: {p} question: {q}' | False / True | accuracy |
+| super_glue_cb | 'cb hypothesis: {h} premise: {p}' | entailment/contradiction/neutral | mean_3class_f1, accuracy |
+| super_glue_copa | 'copa choice1: {c1} choice2: {c2} premise: {p} question: {q}' | choice1/choice2 | accuracy |
+| super_glue_multirc | 'multirc question: {q} answer: {a} paragraph: {p}' | False / True | f1, exact_match |
+| super_glue_record | 'record query: {q} entities: {e1, e2} passage: {p}' | an answer entity | em, f1 |
+| super_glue_rte | 'rte hypothesis: {h} premise: {p}' | entailment / not_entailment | accuracy |
+| super_glue_wic | 'wic sentence1: {s1} sentence2: {s2} word: {w}' | False / True | accuracy |
+| super_glue_wsc | 'wsc text: {text with * span1 * and # span2 #}' | False / True | accuracy |
 
 As T5's 'super_glue_*_v102' tasks (`glue.glue_preprocessor`, T5's `wsc` and `record` preprocessors; WSC
 is 'wsc.fixed', in T5's marked-span format rather than its later 'wsc_simple'). The grouped metrics are
