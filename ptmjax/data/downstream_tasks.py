@@ -5,8 +5,9 @@ Importing this module registers, with the stdlib SentencePiece vocabulary:
 * 'ptmjax_stdlib_module_classification': which standard-library module a
   docstring comes from, as text to text: inputs = the docstring (cut to the
   inputs length), targets = the module name ('logging.handlers'), both with
-  EOS. Classes: the `NUM_MODULES` modules with the most documents in the
-  corpus (both corpus splits). Balanced: each module gives as many documents
+  EOS; metric 'accuracy' (of the generated module name, 0-100). Classes:
+  the `NUM_MODULES` modules with the most documents in the corpus (both
+  corpus splits). Balanced: each module gives as many documents
   as the smallest of them has (31 on CPython 3.11), taken in the order of
   the SHA-256 of their text; the first `VALIDATION_PER_MODULE` of each form
   'validation' and the rest 'train' (12 x 8 = 96 and 12 x 23 = 276 on
@@ -27,7 +28,9 @@ import hashlib
 import seqio
 import tensorflow as tf
 
-from ptmjax.data import corpus, tasks, vocabularies
+from ptmjax.data import corpus, vocabularies
+from ptmjax.evaluation import metrics
+from ptmjax.evaluation.tasks import common
 
 MODULE_TASK = "ptmjax_stdlib_module_classification"
 NUM_MODULES = 12
@@ -90,10 +93,8 @@ def module_classification_dataset_fn(split: str, shuffle_files: bool, seed: int 
 def register_downstream_tasks(vocabulary: seqio.Vocabulary | None = None) -> None:
     """(Re-)registers the tasks of the module doc; vocabulary defaults to the stdlib SentencePiece one."""
     source = seqio.FunctionDataSource(module_classification_dataset_fn, splits=corpus.SPLITS)
-    preprocessors = [seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
-                     seqio.preprocessors.append_eos_after_trim]
     vocabulary = vocabulary or vocabularies.stdlib_sentencepiece_vocabulary()
-    tasks.register_task(MODULE_TASK, source, preprocessors, vocabulary)
+    common.register_task(MODULE_TASK, source, None, vocabulary, (metrics.accuracy,))
 
 
 register_downstream_tasks()

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ptmjax.evaluation import rank_classification as evaluation
 from ptmjax.data import downstream_tasks, objective_tasks, pipeline, vocabularies
+from ptmjax.evaluation import rank_classification as evaluation
 from ptmjax.models import EncoderDecoder, T5Config
 
 LENGTHS = {"inputs": 64, "targets": 16}

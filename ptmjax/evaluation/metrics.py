@@ -1,0 +1,197 @@
+"""seqio metric functions: `fn(targets, predictions)` (or `fn(targets, scores)`) -> {name: float}.
+
+seqio sorts a task's metric functions by their positional argument names, so
+those names are fixed. Targets and predictions are what the task's
+postprocessor returns: class ids for classification, floats for STS-B, text
+for generation. The functions wrap scikit-learn, SciPy, sacrebleu and
+rouge_score rather than reimplementing them.
+
+Scale: like T5 (`t5.evaluation.metrics`), every value except perplexity is
+reported on 0-100: accuracy, F1, exact match, BLEU, ROUGE, and also the
+Matthews, Pearson and Spearman correlations (100 x the coefficient, in -100..100).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+import string
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import sacrebleu
+import scipy.stats
+import seqio
+from rouge_score import rouge_scorer
+from sklearn import metrics as sklearn_metrics
+
+ROUGE_KEYS = ("rouge1", "rouge2", "rougeLsum")
+
+
+def accuracy(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, float]:
+    """{'accuracy': % of predictions equal to their target} (labels of any comparable type)."""
+    return {"accuracy": 100.0 * sklearn_metrics.accuracy_score(targets, predictions)}
+
+
+def f1_binary(targets: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
+    """{'f1': F1 of class 1} over 0/1 labels; a prediction that is neither (-1: unparseable) is wrong, as in T5."""
+    targets, predictions = np.asarray(targets), np.array(predictions)
+    invalid = (predictions != 0) & (predictions != 1)
+    predictions[invalid] = 1 - targets[invalid]
+    return {"f1": 100.0 * sklearn_metrics.f1_score(targets, predictions)}
+
+
+def f1_macro(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, float]:
+    """{'f1_macro': unweighted mean of the per-class F1 over every label in the targets or predictions}."""
+    return {"f1_macro": 100.0 * sklearn_metrics.f1_score(targets, predictions, average="macro")}
+
+
+def multiclass_f1(num_classes: int) -> Callable[[Sequence[int], Sequence[int]], dict[str, float]]:
+    """T5's `mean_multiclass_f1`: mean F1 over the classes 0..num_classes-1, key 'mean_{num_classes}class_f1'.
+
+    A prediction outside those classes (-1: unparseable) is wrong: it lowers its target class' recall.
+    """
+    if num_classes < 2:
+        raise ValueError(f"multiclass_f1 needs num_classes >= 2, got {num_classes}")
+    key = f"mean_{num_classes}class_f1"
+
+    def metric(targets: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
+        score = sklearn_metrics.f1_score(targets, predictions, labels=range(num_classes), average="macro")
+        return {key: 100.0 * score}
+
+    return metric
+
+
+def matthews_corrcoef(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, float]:
+    """{'matthews_corrcoef': 100 x Matthews' correlation} (CoLA's metric)."""
+    return {"matthews_corrcoef": 100.0 * sklearn_metrics.matthews_corrcoef(targets, predictions)}
+
+
+def pearson_corrcoef(targets: Sequence[float], predictions: Sequence[float]) -> dict[str, float]:
+    """{'pearson_corrcoef': 100 x Pearson's r} of float targets and predictions."""
+    return {"pearson_corrcoef": 100.0 * float(scipy.stats.pearsonr(targets, predictions)[0])}
+
+
+def spearman_corrcoef(targets: Sequence[float], predictions: Sequence[float]) -> dict[str, float]:
+    """{'spearman_corrcoef': 100 x Spearman's rho} of float targets and predictions."""
+    return {"spearman_corrcoef": 100.0 * float(scipy.stats.spearmanr(targets, predictions)[0])}
+
+
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_squad(text: str) -> str:
+    """The official SQuAD v1.1 normalisation: lower-case, drop punctuation, articles and extra whitespace."""
+    text = "".join(char for char in text.lower() if char not in _PUNCTUATION)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def _squad_f1(target: str, prediction: str) -> float:
+    target_tokens, prediction_tokens = normalize_squad(target).split(), normalize_squad(prediction).split()
+    common = collections.Counter(target_tokens) & collections.Counter(prediction_tokens)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / len(prediction_tokens), overlap / len(target_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad(targets: Sequence[Sequence[str]], predictions: Sequence[str]) -> dict[str, float]:
+    """{'em', 'f1'}: SQuAD v1.1 exact match and token F1 in %, each example scored against its best gold answer.
+
+    Each target is the list of an example's gold answers (a single string is one answer).
+    """
+    em, f1 = [], []
+    for answers, prediction in zip(targets, predictions, strict=True):
+        answers = [answers] if isinstance(answers, str) else list(answers)
+        if not answers:
+            raise ValueError(f"an example has no gold answer to score the prediction {prediction!r} against")
+        em.append(max(float(normalize_squad(answer) == normalize_squad(prediction)) for answer in answers))
+        f1.append(max(_squad_f1(answer, prediction) for answer in answers))
+    return {"em": 100.0 * float(np.mean(em)), "f1": 100.0 * float(np.mean(f1))}
+
+
+def bleu(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+    """{'bleu': sacrebleu's corpus BLEU} with one reference per example and T5's settings ('intl' tokenizer,
+    exponential smoothing, no lower-casing)."""
+    score = sacrebleu.corpus_bleu(
+        list(predictions), [list(targets)], smooth_method="exp", lowercase=False, tokenize="intl",
+        use_effective_order=False,
+    )  # fmt: skip
+    return {"bleu": score.score}
+
+
+def _sentences_on_lines(summary: str) -> str:
+    """T5's preparation for rougeLsum, which splits sentences on newlines: a ' . ' ends a line."""
+    return summary.replace(" . ", " .\n")
+
+
+def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+    """{'rouge1', 'rouge2', 'rougeLsum'}: mean F-measure in % (rouge_score, Porter stemming).
+
+    rougeLsum treats each line as a sentence; as T5 does, ' . ' first ends a line. T5 reports the
+    bootstrap aggregator's mid value, an estimate of this mean; the plain mean here is deterministic.
+    """
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
+    totals = dict.fromkeys(ROUGE_KEYS, 0.0)
+    for target, prediction in zip(targets, predictions, strict=True):
+        scores = scorer.score(target=_sentences_on_lines(target), prediction=_sentences_on_lines(prediction))
+        for key in ROUGE_KEYS:
+            totals[key] += scores[key].fmeasure
+    count = max(len(targets), 1)
+    return {key: 100.0 * total / count for key, total in totals.items()}
+
+
+def perplexity(vocabulary: seqio.Vocabulary) -> Callable[[Sequence[str], Sequence[float]], dict[str, float]]:
+    """A score metric of per-example log-likelihoods: {'perplexity': exp(-sum log p / number of target tokens)}.
+
+    seqio hands a score metric the (postprocessed) target texts and the model's summed log-likelihood of each
+    target; the token count comes from encoding each text with the task's `vocabulary`, plus 1 for EOS (which
+    the model scores too). So the task's postprocessor must leave the target text as it is, and targets must
+    not have been truncated to the targets length (their log-likelihood would cover fewer tokens).
+    """
+
+    def metric(targets: Sequence[str], scores: Sequence[float]) -> dict[str, float]:
+        if len(targets) != len(scores):
+            raise ValueError(f"perplexity got {len(targets)} targets but {len(scores)} scores")
+        num_tokens = sum(len(vocabulary.encode(target)) + 1 for target in targets)
+        return {"perplexity": math.exp(-float(np.sum(scores)) / num_tokens)}
+
+    return metric
+
+
+def _first_per_group(targets: Sequence[Mapping[str, Any]], predictions: Sequence[Any]) -> tuple[list, list]:
+    """The (target, prediction) of the first example of each target 'group'."""
+    seen: set[Hashable] = set()
+    kept_targets, kept_predictions = [], []
+    for target, prediction in zip(targets, predictions, strict=True):
+        if target["group"] not in seen:
+            seen.add(target["group"])
+            kept_targets.append(target)
+            kept_predictions.append(prediction)
+    return kept_targets, kept_predictions
+
+
+def multirc(targets: Sequence[Mapping[str, Any]], predictions: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """MultiRC: {'f1': `f1_binary` over every answer, 'exact_match': % of questions whose answers are all right}.
+
+    Targets are {'value': 0/1, 'group': question id}, predictions {'value': 0/1 or -1}, as T5's
+    `multirc_f1_over_all_answers` and `mean_group_metric(all_match)`.
+    """
+    values = [target["value"] for target in targets]
+    predicted = [prediction["value"] for prediction in predictions]
+    by_group: dict[Hashable, bool] = {}
+    for target, value, prediction in zip(targets, values, predicted, strict=True):
+        by_group[target["group"]] = by_group.get(target["group"], True) and value == prediction
+    return {**f1_binary(values, predicted), "exact_match": 100.0 * float(np.mean(list(by_group.values())))}
+
+
+def record(targets: Sequence[Mapping[str, Any]], predictions: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """ReCoRD: `squad` ('em', 'f1') once per query: targets {'value': gold answers, 'group': query id} repeat
+    per gold answer (one example each, as T5 trains), so only the first example of each group counts, as
+    T5's `deduplicate_metric(squad)`."""
+    targets, predictions = _first_per_group(targets, predictions)
+    return squad([target["value"] for target in targets], [prediction["value"] for prediction in predictions])
