@@ -24,6 +24,7 @@ class GenerationIds:
 
     decoder_start_token_id: the first decoder input (encoder-decoders).
     forced_bos_token_id: the token forced after the decoder start (mBART-50's language tag).
+    forced_eos_token_id: the token forced at the length limit (BART).
     """
 
     eos_token_id: int | None = None
@@ -31,6 +32,7 @@ class GenerationIds:
     decoder_start_token_id: int | None = None
     bos_token_id: int | None = None
     forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | None = None
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str) -> GenerationIds:

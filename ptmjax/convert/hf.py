@@ -35,6 +35,7 @@ from ptmjax.models import (
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 PYTORCH, PYTORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+CONFIG_TOKEN_IDS = ("eos_token_id", "pad_token_id", "decoder_start_token_id", "bos_token_id")
 
 
 class Head(NamedTuple):
@@ -168,8 +169,8 @@ def save(
 ) -> str:
     """Writes `model` with `params` as a directory transformers loads (config.json + model.safetensors).
 
-    `generation_ids` go into config.json and a generation_config.json, so that
-    `generate` needs no token-id arguments.
+    `generation_ids` go into a generation_config.json, and the special token
+    ids also into config.json, so that `generate` needs no token-id arguments.
 
     The joint `ElectraPretraining` model becomes two such directories,
     `path/generator` (ElectraForMaskedLM) and `path/discriminator`
@@ -193,7 +194,8 @@ def save(
         from transformers import GenerationConfig
 
         for name, value in generation_ids.to_hf().items():
-            setattr(hf_config, name, value)
+            if name in CONFIG_TOKEN_IDS:  # transformers 5 refuses the generation-only ones (forced_*) there
+                setattr(hf_config, name, value)
         GenerationConfig(**generation_ids.to_hf()).save_pretrained(path)
     hf_config.save_pretrained(path)
     tensors: dict[str, np.ndarray] = {}
