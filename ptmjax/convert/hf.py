@@ -164,9 +164,7 @@ def load(path: str, dtype: str = "float32", param_dtype: str = "float32") -> tup
     return head.model_class(config), params["params"]
 
 
-def save(
-    model: nn.Module, params: Mapping[str, Any], path: str, generation_ids: GenerationIds | None = None
-) -> str:
+def save(model: nn.Module, params: Mapping[str, Any], path: str, generation_ids: GenerationIds | None = None) -> str:
     """Writes `model` with `params` as a directory transformers loads (config.json + model.safetensors).
 
     `generation_ids` go into a generation_config.json, and the special token

@@ -145,7 +145,9 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
     def _encode_tf(self, s: tf.Tensor) -> tf.Tensor:
         """A scalar string -> int32 ids."""
         ids = tf.numpy_function(
-            lambda text: np.asarray(self._encode(np.asarray(text).item().decode("utf-8")), np.int32), [s], tf.int32,
+            lambda text: np.asarray(self._encode(np.asarray(text).item().decode("utf-8")), np.int32),
+            [s],
+            tf.int32,
             stateful=False,
         )
         return tf.ensure_shape(ids, [None])

@@ -21,8 +21,8 @@ import os
 import re
 from typing import Any
 
-import seqio
 import sentencepiece as spm
+import seqio
 
 from ptmjax.data.hf_tokenizer_vocabulary import HfTokenizerVocabulary, read_json
 

@@ -27,8 +27,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 TEXTS = ["Return the sum of a and b.", "Open a file, read it and close it again: 3 times."]
-SMALL = {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 2,
-         "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "max_position_embeddings": 64}
+SMALL = dict(
+    d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+    encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+)  # fmt: skip
 
 
 def trained(model, trainer, pre_tokenizer) -> dict:
@@ -118,9 +120,8 @@ def test_import_brings_the_tokenizer_and_export_writes_it_back(tmp_path, family)
     saved(tmp_path / "hf", tokenizer, model)
     folder = ModelDir(str(tmp_path / "imported"))
     assert cli.main(["convert", "--from-hf", str(tmp_path / "hf"), "--to", folder.path]) == 0
-    assert sorted(p.name for p in (tmp_path / "imported" / "tokenizer").iterdir()) == [
-        "tokenizer.json", "tokenizer_config.json"
-    ]
+    copied = sorted(p.name for p in (tmp_path / "imported" / "tokenizer").iterdir())
+    assert copied == ["tokenizer.json", "tokenizer_config.json"]
     vocab = folder.vocabulary()
     assert isinstance(vocab, HfTokenizerVocabulary)
     for text in TEXTS:
