@@ -6,6 +6,7 @@ import os
 import tokenize
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import gin
 from flax import linen as nn
@@ -68,8 +69,8 @@ def _search_gin_configs_first() -> None:
     prefixes.insert(0, str(GIN_CONFIGS))
 
 
-def read_model_config(folder: ModelDir) -> tuple[nn.Module, partitioning.MeshConfig]:
-    """The `train.model` and mesh config that a model folder's config.gin binds; gin's config is left cleared."""
+def read_train_bindings(folder: ModelDir) -> dict[str, Any]:
+    """The `train` bindings of a model folder's config.gin, references evaluated; gin's config is left cleared."""
     if not os.path.isfile(folder.config_path):
         raise FileNotFoundError(
             f"no {CONFIG_FILE} in {folder.path}; pass the folder of a `ptmjax train` run, "
@@ -78,9 +79,14 @@ def read_model_config(folder: ModelDir) -> tuple[nn.Module, partitioning.MeshCon
     gin.clear_config()
     try:
         parse_gin([folder.config_path])
-        bindings = gin.get_bindings("train")
-        if "model" not in bindings:
-            raise ValueError(f"{folder.config_path} binds no train.model; add e.g. 'train.model = @EncoderDecoder()'")
-        return bindings["model"], bindings.get("mesh_config") or partitioning.MeshConfig()
+        return gin.get_bindings("train")
     finally:
         gin.clear_config()
+
+
+def read_model_config(folder: ModelDir) -> tuple[nn.Module, partitioning.MeshConfig]:
+    """The `train.model` and mesh config that a model folder's config.gin binds."""
+    bindings = read_train_bindings(folder)
+    if "model" not in bindings:
+        raise ValueError(f"{folder.config_path} binds no train.model; add e.g. 'train.model = @EncoderDecoder()'")
+    return bindings["model"], bindings.get("mesh_config") or partitioning.MeshConfig()

@@ -2,8 +2,11 @@
 
 An imported model becomes an ordinary ptmjax model folder: `config.gin` binds
 `train.model` to the converted model (so `ptmjax inspect`, `train.init_checkpoint`
-and the export read it like any run's) and `checkpoints/0/` holds its
-parameters. Fine-tune it with `--gin_bindings="train.init_checkpoint = 'DIR'"`.
+and the export read it like any run's), `checkpoints/0/` holds its
+parameters, `tokenizer/` the directory's tokenizer files and `generation.json`
+its generation ids. Fine-tune it with `--gin_bindings="train.init_checkpoint = 'DIR'"`.
+An export writes the tokenizer and generation ids back: an import's as they
+came, a run's from its task's vocabulary.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import os
 import flax.linen as nn
 
 from ptmjax import gin_files
-from ptmjax.convert import hf
+from ptmjax.convert import hf, hf_tokenizer
+from ptmjax.convert.generation_ids import GenerationIds
 from ptmjax.layers import layer_stack
 from ptmjax.model_dir import ModelDir
 from ptmjax.training.model_api import model_api
@@ -30,10 +34,16 @@ def model_gin(model: nn.Module) -> str:
 
 
 def import_hf(hf_dir: str, model_dir: str) -> str:
-    """Converts a Hugging Face directory into a ptmjax model folder; returns the checkpoint path."""
+    """Converts a Hugging Face directory (weights, tokenizer files, generation ids) into a ptmjax model folder.
+
+    Returns the checkpoint path.
+    """
     model, params = hf.load(hf_dir)
+    generation_ids = GenerationIds.from_hf_dir(hf_dir)
     folder = ModelDir(model_dir)
     os.makedirs(folder.path, exist_ok=True)
+    hf_tokenizer.copy_tokenizer_files(hf_dir, folder.tokenizer_path)
+    generation_ids.write(folder.generation_path)
     with open(folder.config_path, "w") as f:
         f.write(f"# Imported from {os.path.abspath(hf_dir)} by `ptmjax convert`.\n" + model_gin(model))
     checkpointer = folder.checkpointer(asynchronous=False)
@@ -43,11 +53,22 @@ def import_hf(hf_dir: str, model_dir: str) -> str:
 
 
 def export_hf(model_dir: str, hf_dir: str, step: int | None = None) -> str:
-    """Writes a model folder's checkpoint (default: the newest) as a Hugging Face directory."""
+    """Writes a model folder's checkpoint (default: the newest) as a Hugging Face directory.
+
+    With the folder's tokenizer and generation ids where it has them: an
+    import's tokenizer/ and generation.json, or a run's task vocabulary.
+    """
     folder = ModelDir(model_dir)
     model, _ = gin_files.read_model_config(folder)
     api = model_api(model)
     params = folder.read_params(api.abstract_params, step=step)
     if api.scanning:  # Hugging Face's layout is the unscanned one
         params, model = layer_stack.unscan(params, model.config), api.unscanned().module
-    return hf.save(model, params, hf_dir)
+    imported = os.path.isfile(folder.generation_path)
+    trained = "mixture_or_task_name" in gin_files.read_train_bindings(folder)
+    hf.save(model, params, hf_dir, folder.generation_ids() if imported or trained else None)
+    if os.path.isdir(folder.tokenizer_path):
+        hf_tokenizer.copy_tokenizer_files(folder.tokenizer_path, hf_dir)
+    elif trained:
+        hf_tokenizer.write_tokenizer(folder.vocabulary(), hf_dir)
+    return hf_dir

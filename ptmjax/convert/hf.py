@@ -20,6 +20,7 @@ import flax.linen as nn
 import numpy as np
 
 from ptmjax.convert import hf_albert, hf_bart, hf_bert, hf_electra, hf_gpt2, hf_t5
+from ptmjax.convert.generation_ids import GenerationIds
 from ptmjax.convert.state_dict import to_numpy
 from ptmjax.models import (
     GPT2,
@@ -34,6 +35,7 @@ from ptmjax.models import (
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 PYTORCH, PYTORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+CONFIG_TOKEN_IDS = ("eos_token_id", "pad_token_id", "decoder_start_token_id", "bos_token_id")
 
 
 class Head(NamedTuple):
@@ -162,8 +164,11 @@ def load(path: str, dtype: str = "float32", param_dtype: str = "float32") -> tup
     return head.model_class(config), params["params"]
 
 
-def save(model: nn.Module, params: Mapping[str, Any], path: str) -> str:
+def save(model: nn.Module, params: Mapping[str, Any], path: str, generation_ids: GenerationIds | None = None) -> str:
     """Writes `model` with `params` as a directory transformers loads (config.json + model.safetensors).
+
+    `generation_ids` go into a generation_config.json, and the special token
+    ids also into config.json, so that `generate` needs no token-id arguments.
 
     The joint `ElectraPretraining` model becomes two such directories,
     `path/generator` (ElectraForMaskedLM) and `path/discriminator`
@@ -176,13 +181,20 @@ def save(model: nn.Module, params: Mapping[str, Any], path: str) -> str:
         tree = nn.meta.unbox(params)
         for role, role_class in (("generator", ElectraGenerator), ("discriminator", ElectraDiscriminator)):
             role_params = {**tree[role], "embeddings": tree["embeddings"]}
-            save(role_class(getattr(model.config, role)), role_params, os.path.join(path, role))
+            save(role_class(getattr(model.config, role)), role_params, os.path.join(path, role), generation_ids)
         return path
     converter, hf_class, head = head_of_model(model)
     hf_config = converter.to_hf_config(model.config)
     hf_config.architectures = [hf_class]
     state = converter.params_to_hf(params, model.config, **head.convert_kwargs)
     os.makedirs(path, exist_ok=True)
+    if generation_ids is not None:
+        from transformers import GenerationConfig
+
+        for name, value in generation_ids.to_hf().items():
+            if name in CONFIG_TOKEN_IDS:  # transformers 5 refuses the generation-only ones (forced_*) there
+                setattr(hf_config, name, value)
+        GenerationConfig(**generation_ids.to_hf()).save_pretrained(path)
     hf_config.save_pretrained(path)
     tensors: dict[str, np.ndarray] = {}
     written: set[int] = set()

@@ -1,0 +1,169 @@
+"""Tokenizers and generation ids travel with models through `ptmjax convert`, both ways.
+
+Tiny transformers models are saved with byte-level BPE / WordPiece tokenizers
+trained here; a tiny ptmjax T5 run exports the stdlib SentencePiece
+vocabulary. The reference is transformers: its tokenizer on the same files,
+and `generate` with no token-id argument.
+"""
+
+import json
+
+import flax.linen as nn
+import jax
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from ptmjax import cli
+from ptmjax.convert import checkpoint
+from ptmjax.convert.generation_ids import GenerationIds
+from ptmjax.data import corpus, vocabularies
+from ptmjax.data.hf_tokenizer_vocabulary import HfTokenizerVocabulary
+from ptmjax.model_dir import ModelDir
+from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.training.model_api import model_api
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["Return the sum of a and b.", "Open a file, read it and close it again: 3 times."]
+SMALL = dict(
+    d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+    encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+)  # fmt: skip
+
+
+def trained(model, trainer, pre_tokenizer) -> dict:
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizer
+    paragraphs = [p for d in corpus.stdlib_docstrings("train") for p in d.split("\n\n") if p.strip()][:300]
+    tokenizer.train_from_iterator(paragraphs, trainer)
+    return json.loads(tokenizer.to_str())["model"]
+
+
+def byte_level_bpe(tokenizer_class, special_tokens, **kwargs):
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    bpe = trained(models.BPE(), trainers.BpeTrainer(vocab_size=300, special_tokens=special_tokens,
+                                                    initial_alphabet=alphabet), pre_tokenizers.ByteLevel())  # fmt: skip
+    return tokenizer_class(vocab=bpe["vocab"], merges=[tuple(m) for m in bpe["merges"]], **kwargs)
+
+
+def saved(hf_dir, tokenizer, model) -> None:
+    tokenizer.save_pretrained(hf_dir)
+    model.save_pretrained(hf_dir)
+
+
+def assert_generates(hf_dir, auto_class) -> torch.Tensor:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    model = getattr(transformers, auto_class).from_pretrained(hf_dir).eval()
+    output = model.generate(**tokenizer(TEXTS, return_tensors="pt", padding=True))
+    assert output.shape[0] == len(TEXTS) and output.shape[1] > 1
+    return output
+
+
+def test_a_t5_run_exports_its_sentencepiece_tokenizer_and_generation_ids(tmp_path):
+    config = T5Config(
+        vocab_size=2100, d_model=32, num_heads=2, head_dim=16, d_ff=64, num_encoder_layers=2, num_decoder_layers=2,
+        ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.0,
+    )  # fmt: skip
+    run = tmp_path / "run"  # a run folder as `ptmjax train` leaves it: config.gin with the task, a checkpoint
+    run.mkdir()
+    (run / "config.gin").write_text(
+        checkpoint.model_gin(EncoderDecoder(config)) + "train.mixture_or_task_name = 'ptmjax_stdlib_span_corruption'\n"
+    )
+    checkpointer = Checkpointer(str(run / "checkpoints"), asynchronous=False)
+    checkpointer.save_params(0, jax.device_get(nn.unbox(model_api(EncoderDecoder(config)).init(jax.random.key(0)))))
+    checkpointer.close()
+    vocab = ModelDir(str(run)).vocabulary()
+    assert vocab == vocabularies.stdlib_sentencepiece_vocabulary()
+    assert ModelDir(str(run)).generation_ids() == GenerationIds(eos_token_id=1, pad_token_id=0,
+                                                                decoder_start_token_id=0)  # fmt: skip
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.gin"]  # reading created nothing
+
+    out = tmp_path / "hf"
+    assert cli.main(["convert", "--from", str(run), "--to-hf", str(out)]) == 0
+    assert (out / "spiece.model").read_bytes() == open(vocab.sentencepiece_model_file, "rb").read()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert len(tokenizer) == vocab.vocab_size
+    for text in TEXTS:
+        assert tokenizer(text)["input_ids"] == [*vocab.encode(text), vocab.eos_id]  # transformers appends EOS
+    assert tokenizer.convert_tokens_to_ids("<extra_id_0>") == vocab.vocab_size - 1  # seqio's first sentinel
+    hf_config = json.loads((out / "config.json").read_text())
+    assert (hf_config["decoder_start_token_id"], hf_config["eos_token_id"], hf_config["pad_token_id"]) == (0, 1, 0)
+    output = assert_generates(out, "AutoModelForSeq2SeqLM")
+    assert output[:, 0].tolist() == [0, 0]  # the decoder starts from pad, as T5's
+
+    imported = tmp_path / "imported"  # and back: spiece.model is seqio's SentencePiece again
+    checkpoint.import_hf(str(out), str(imported))
+    again = ModelDir(str(imported)).vocabulary()
+    assert again.sp_model == vocab.sp_model and again.vocab_size == vocab.vocab_size
+    assert ModelDir(str(imported)).generation_ids() == ModelDir(str(run)).generation_ids()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bart"])
+def test_import_brings_the_tokenizer_and_export_writes_it_back(tmp_path, family):
+    if family == "gpt2":
+        tokenizer = byte_level_bpe(transformers.GPT2Tokenizer, ["<|endoftext|>"], pad_token="<|endoftext|>")
+        eos = tokenizer.eos_token_id
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=eos,
+            eos_token_id=eos, pad_token_id=eos,
+        ))  # fmt: skip
+        auto_class, want = "AutoModelForCausalLM", GenerationIds(eos_token_id=eos, pad_token_id=eos, bos_token_id=eos)
+    else:
+        tokenizer = byte_level_bpe(transformers.BartTokenizer, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+        model = transformers.BartForConditionalGeneration(transformers.BartConfig(vocab_size=len(tokenizer), **SMALL))
+        model.generation_config.forced_bos_token_id = 0  # where transformers 5 keeps it (mBART-50's language tag)
+        auto_class = "AutoModelForSeq2SeqLM"
+        want = GenerationIds(eos_token_id=2, pad_token_id=1, decoder_start_token_id=2, bos_token_id=0,
+                             forced_bos_token_id=0, forced_eos_token_id=2)  # fmt: skip
+    saved(tmp_path / "hf", tokenizer, model)
+    folder = ModelDir(str(tmp_path / "imported"))
+    assert cli.main(["convert", "--from-hf", str(tmp_path / "hf"), "--to", folder.path]) == 0
+    copied = sorted(p.name for p in (tmp_path / "imported" / "tokenizer").iterdir())
+    assert copied == ["tokenizer.json", "tokenizer_config.json"]
+    vocab = folder.vocabulary()
+    assert isinstance(vocab, HfTokenizerVocabulary)
+    for text in TEXTS:
+        assert list(vocab.encode(text)) == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert folder.generation_ids() == want
+
+    out = tmp_path / "out"
+    assert cli.main(["convert", "--from", folder.path, "--to-hf", str(out)]) == 0
+    reloaded = transformers.AutoTokenizer.from_pretrained(out)
+    assert reloaded(TEXTS)["input_ids"] == tokenizer(TEXTS)["input_ids"]
+    assert GenerationIds.from_hf_dir(str(out)) == want
+    assert_generates(out, auto_class)
+
+
+def test_bert_import_gives_a_wordpiece_vocabulary(tmp_path):
+    wordpiece = trained(
+        models.WordPiece(unk_token="[UNK]"),
+        trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]),
+        pre_tokenizers.BertPreTokenizer(),
+    )
+    tokenizer = transformers.BertTokenizer(vocab=wordpiece["vocab"])
+    model = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64,
+    ))  # fmt: skip
+    saved(tmp_path / "hf", tokenizer, model)
+    folder = ModelDir(str(tmp_path / "imported"))
+    checkpoint.import_hf(str(tmp_path / "hf"), folder.path)
+    vocab = folder.vocabulary()
+    assert json.loads(vocab.tokenizer.to_str())["model"]["type"] == "WordPiece"
+    assert (vocab.pad_id, vocab.eos_id, vocab.unk_id) == (0, tokenizer.sep_token_id, tokenizer.unk_token_id)
+    for text in [*TEXTS, "MIXED case Ünïcödé"]:
+        assert list(vocab.encode(text)) == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert folder.generation_ids() == GenerationIds(pad_token_id=0)
+
+
+def test_folders_without_a_vocabulary_say_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has neither a tokenizer/ folder nor a config.gin"):
+        ModelDir(str(tmp_path)).vocabulary()
+    (tmp_path / "config.gin").write_text("train.batch_size = 8\n")
+    with pytest.raises(ValueError, match="binds no train.mixture_or_task_name; copy the model's Hugging Face"):
+        ModelDir(str(tmp_path)).vocabulary()
+    (tmp_path / "generation.json").write_text('{"eos_token_id": [1, 2]}')
+    with pytest.raises(ValueError, match=r"generation\.json has eos_token_id=\[1, 2\]"):
+        ModelDir(str(tmp_path)).generation_ids()
