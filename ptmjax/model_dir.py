@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import seqio
 
-from ptmjax.convert.generation_ids import GENERATION_FILE, GenerationIds
+from ptmjax.decoding.generation_ids import GENERATION_FILE, GenerationIds
 from ptmjax.training.checkpoints import Checkpointer, saved_state_metadata
 
 CONFIG_FILE = "config.gin"

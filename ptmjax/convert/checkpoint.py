@@ -18,7 +18,7 @@ import flax.linen as nn
 
 from ptmjax import gin_files
 from ptmjax.convert import hf, hf_tokenizer
-from ptmjax.convert.generation_ids import GenerationIds
+from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.layers import layer_stack
 from ptmjax.model_dir import ModelDir
 from ptmjax.training.model_api import model_api

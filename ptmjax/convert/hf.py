@@ -20,8 +20,8 @@ import flax.linen as nn
 import numpy as np
 
 from ptmjax.convert import hf_albert, hf_bart, hf_bert, hf_electra, hf_gpt2, hf_t5
-from ptmjax.convert.generation_ids import GenerationIds
 from ptmjax.convert.state_dict import to_numpy
+from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.models import (
     GPT2,
     Albert,

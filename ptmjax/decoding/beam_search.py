@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.decoding import cache as cache_rows
+from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.decoding.prefill import Prefill
-from ptmjax.decoding.sampling import forced_first
+from ptmjax.decoding.sampling import forced_tokens
 
 Array = jax.Array
 
@@ -36,10 +37,13 @@ def _take(values: Array, indices: Array) -> Array:
 
 
 def beam_search(
-    prefill: Prefill, num_beams: int, max_decode_length: int, eos_id: int, pad_id: int, alpha: float = 0.6,
-    forced_first_token: int | None = None,
-) -> tuple[Array, Array]:  # fmt: skip
-    """-> tokens int32 [b, num_beams, max_decode_length] and scores float32 [b, num_beams], best first."""
+    prefill: Prefill, num_beams: int, max_decode_length: int, ids: GenerationIds, alpha: float = 0.6
+) -> tuple[Array, Array]:
+    """-> tokens int32 [b, num_beams, max_decode_length] and scores float32 [b, num_beams], best first.
+
+    `ids` as `GenerationIds.for_decoding` gives them (EOS and pad set).
+    """
+    eos_id, pad_id = ids.eos_token_id, ids.pad_token_id
     rows, vocab = prefill.first_logits.shape
     k, length = num_beams, max_decode_length
     best_case_penalty = length_penalty(length, alpha)
@@ -47,7 +51,7 @@ def beam_search(
     def body(state: tuple) -> tuple:
         i, live_tokens, live_scores, done_tokens, done_scores, decode_state, logits = state
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(rows, k, vocab)
-        candidates = (live_scores[:, :, None] + forced_first(log_probs, i, forced_first_token)).reshape(rows, -1)
+        candidates = (live_scores[:, :, None] + forced_tokens(log_probs, i, length, ids)).reshape(rows, -1)
         scores, flat = jax.lax.top_k(candidates, 2 * k)  # [b, 2k]
         parents, tokens = flat // vocab, (flat % vocab).astype(jnp.int32)
         sequences = _take(live_tokens, parents).at[:, :, i].set(tokens)  # [b, 2k, length]

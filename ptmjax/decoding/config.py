@@ -1,4 +1,4 @@
-"""What a decode needs besides the model: the algorithm and its settings, and the special token ids."""
+"""How to decode: the algorithm and its settings, and what a decode returns."""
 
 from __future__ import annotations
 
@@ -64,24 +64,6 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.top_p must be in (0, 1] (1 = off), got {self.top_p!r}.")
         if self.length_penalty_alpha < 0:
             raise ValueError(f"DecodeConfig.length_penalty_alpha must be >= 0, got {self.length_penalty_alpha!r}.")
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerationIds:
-    """The special token ids of a model's vocabulary that decoding reads.
-
-    decoder_start_token_id: the first decoder input of an encoder-decoder (T5: 0, the pad id;
-      BART: 2, EOS; mBART-cc25: the target language tag).
-    eos_token_id: ends a sequence; pad_token_id fills the slots after it.
-    bos_token_id: what a decoder-only prompt may start with (GPT-2: <|endoftext|>); None if none.
-    forced_bos_token_id: forced as the first generated token (mBART-50: the target language tag).
-    """
-
-    eos_token_id: int
-    pad_token_id: int = 0
-    decoder_start_token_id: int = 0
-    bos_token_id: int | None = None
-    forced_bos_token_id: int | None = None
 
 
 class DecodeOutput(NamedTuple):

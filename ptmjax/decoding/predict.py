@@ -11,7 +11,8 @@ from flax import linen as nn
 
 from ptmjax.decoding import cache as cache_rows
 from ptmjax.decoding.beam_search import beam_search
-from ptmjax.decoding.config import DecodeConfig, DecodeOutput, GenerationIds
+from ptmjax.decoding.config import DecodeConfig, DecodeOutput
+from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.decoding.prefill import Prefill
 from ptmjax.decoding.sampling import sample
 
@@ -25,14 +26,13 @@ def predict(
 ) -> DecodeOutput:  # fmt: skip
     """Decodes every row of `batch` (the fields `prefill_fn` reads). Pure: jit it with `config` and `ids` static.
 
-    method='sample' needs `rng`.
+    method='sample' needs `rng`. `ids` needs EOS; pad defaults to EOS.
     """
-    length = config.max_decode_length
+    length, ids = config.max_decode_length, ids.for_decoding()
     prefill = prefill_fn(module, params, batch, length, ids)
     rows = prefill.first_logits.shape[0]
-    eos, pad, forced = ids.eos_token_id, ids.pad_token_id, ids.forced_bos_token_id
     if config.method == "beam":
-        tokens, scores = beam_search(prefill, config.num_beams, length, eos, pad, config.length_penalty_alpha, forced)
+        tokens, scores = beam_search(prefill, config.num_beams, length, ids, config.length_penalty_alpha)
         return DecodeOutput(tokens[:, : config.num_decodes], scores[:, : config.num_decodes])
     if config.method == "sample" and rng is None:
         raise ValueError("DecodeConfig.method='sample' needs an rng (jax.random.key); greedy needs none.")
@@ -42,7 +42,7 @@ def predict(
             jnp.repeat(prefill.first_logits, n, axis=0), cache_rows.repeat_rows(prefill.state, n), prefill.step
         )
     tokens, scores = sample(
-        prefill, length, eos, pad, rng if config.method == "sample" else None, config.temperature, config.top_k,
-        config.top_p, forced,
+        prefill, length, ids, rng if config.method == "sample" else None, config.temperature, config.top_k,
+        config.top_p,
     )  # fmt: skip
     return DecodeOutput(tokens.reshape(rows, n, length), scores.reshape(rows, n))

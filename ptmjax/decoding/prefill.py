@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from ptmjax.decoding.cache import DecodeState
-from ptmjax.decoding.config import GenerationIds
+from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.layers.attention import CacheSlots
 
 Array = jax.Array
@@ -53,6 +53,11 @@ def encoder_decoder_prefill(
     module: nn.Module, params: Any, batch: Mapping[str, Array], max_decode_length: int, ids: GenerationIds
 ) -> Prefill:
     """batch['encoder_input_tokens'] [b, s] -> the prefill of b rows (see the module docstring)."""
+    if ids.decoder_start_token_id is None:
+        raise ValueError(
+            "GenerationIds.decoder_start_token_id is None; an encoder-decoder's decoder needs a first input "
+            "(T5: 0, BART: 2)"
+        )
     inputs = batch["encoder_input_tokens"]
     rows = inputs.shape[0]
     encoded = module.apply({"params": params}, inputs, method="encode")

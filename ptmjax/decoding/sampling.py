@@ -2,8 +2,8 @@
 
 Each row stops at EOS (later slots get the pad id) and the loop ends when
 every row has, or after `max_decode_length` tokens. Scores are the model's
-log-likelihood of the chosen tokens (a forced first token counts 0, as in
-Hugging Face), whatever the temperature or filters.
+log-likelihood of the chosen tokens (a forced token counts 0, as in Hugging
+Face), whatever the temperature or filters.
 """
 
 from __future__ import annotations
@@ -11,17 +11,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.decoding.prefill import Prefill
 
 Array = jax.Array
 
 
-def forced_first(log_probs: Array, i: Array, token: int | None) -> Array:
-    """log_probs [..., vocab] with only `token` allowed (log-probability 0) at step 0; unchanged if None."""
-    if token is None:
-        return log_probs
-    forced = jnp.where(jnp.arange(log_probs.shape[-1]) == token, 0.0, -jnp.inf)
-    return jnp.where(i == 0, forced, log_probs)
+def forced_tokens(log_probs: Array, i: Array, length: int, ids: GenerationIds) -> Array:
+    """log_probs [..., vocab] of step i with only the forced token allowed (log-probability 0):
+    `ids.forced_bos_token_id` at the first step, `ids.forced_eos_token_id` at the last (of `length`)."""
+    for step, token in ((0, ids.forced_bos_token_id), (length - 1, ids.forced_eos_token_id)):
+        if token is not None:
+            forced = jnp.where(jnp.arange(log_probs.shape[-1]) == token, 0.0, -jnp.inf)
+            log_probs = jnp.where(i == step, forced, log_probs)
+    return log_probs
 
 
 def filter_logits(logits: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
@@ -40,10 +43,14 @@ def filter_logits(logits: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
 
 
 def sample(
-    prefill: Prefill, max_decode_length: int, eos_id: int, pad_id: int, rng: Array | None = None,
-    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, forced_first_token: int | None = None,
+    prefill: Prefill, max_decode_length: int, ids: GenerationIds, rng: Array | None = None,
+    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[Array, Array]:  # fmt: skip
-    """-> tokens int32 [n, max_decode_length], scores float32 [n]. Greedy (argmax) without `rng`."""
+    """-> tokens int32 [n, max_decode_length], scores float32 [n]. Greedy (argmax) without `rng`.
+
+    `ids` as `GenerationIds.for_decoding` gives them (EOS and pad set).
+    """
+    eos_id, pad_id = ids.eos_token_id, ids.pad_token_id
     rows = prefill.first_logits.shape[0]
 
     def choose(log_probs: Array, key: Array) -> Array:
@@ -54,7 +61,8 @@ def sample(
 
     def body(state: tuple) -> tuple:
         i, tokens, decode_state, logits, finished, scores, key = state
-        log_probs = forced_first(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), i, forced_first_token)
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        log_probs = forced_tokens(log_probs, i, max_decode_length, ids)
         key, draw = jax.random.split(key)
         token = choose(log_probs, draw)
         token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]

@@ -235,7 +235,8 @@ class MultiHeadAttention(nn.Module):
         for name, new in (("cached_key", key), ("cached_value", value)):
             variable = self.variable("cache", name, jnp.zeros, new.shape, new.dtype)
             if created:
-                updated = jax.lax.dynamic_update_slice(variable.value, new.astype(variable.value.dtype), (0, index, 0, 0))
+                new = new.astype(variable.value.dtype)
+                updated = jax.lax.dynamic_update_slice(variable.value, new, (0, index, 0, 0))
                 variable.value = nn.with_logical_constraint(updated, HEAD_AXES)
             cached.append(variable.value)
         return tuple(cached) if created else (key, value)

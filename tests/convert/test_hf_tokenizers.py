@@ -15,9 +15,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from ptmjax import cli
 from ptmjax.convert import checkpoint
-from ptmjax.convert.generation_ids import GenerationIds
 from ptmjax.data import corpus, vocabularies
 from ptmjax.data.hf_tokenizer_vocabulary import HfTokenizerVocabulary
+from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.model_dir import ModelDir
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.training.checkpoints import Checkpointer

@@ -22,7 +22,11 @@ GENERATION_FILE = "generation.json"
 class GenerationIds:
     """Generation's special token ids; None where the family has none.
 
-    decoder_start_token_id: the first decoder input (encoder-decoders).
+    eos_token_id: ends a sequence (decoding needs it); pad_token_id fills the slots after it
+      (decoding uses EOS where it is None, as Hugging Face does for GPT-2).
+    decoder_start_token_id: the first decoder input (encoder-decoders; T5: 0, BART: 2,
+      mBART-cc25: the target language tag).
+    bos_token_id: what a decoder-only prompt may start with (GPT-2's <|endoftext|>).
     forced_bos_token_id: the token forced after the decoder start (mBART-50's language tag).
     forced_eos_token_id: the token forced at the length limit (BART).
     """
@@ -77,6 +81,13 @@ class GenerationIds:
         with open(path, "w") as f:
             json.dump(dataclasses.asdict(self), f, indent=2)
             f.write("\n")
+
+    def for_decoding(self) -> GenerationIds:
+        """These ids with pad defaulting to EOS; raises without EOS, which decoding needs."""
+        if self.eos_token_id is None:
+            raise ValueError("GenerationIds.eos_token_id is None; decoding needs the id that ends a sequence")
+        pad = self.eos_token_id if self.pad_token_id is None else self.pad_token_id
+        return dataclasses.replace(self, pad_token_id=pad)
 
     def to_hf(self) -> dict[str, int]:
         """The ids that are set, as transformers' config and GenerationConfig fields."""
