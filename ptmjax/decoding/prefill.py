@@ -9,12 +9,13 @@ The search algorithms (sampling.py, beam_search.py) know nothing else of the mod
 - Encoder-decoders (T5, BART): the encoder runs once; its cross-attention keys
   and values are cached by the first decoder call, which feeds the decoder
   start token at slot 0; generated token i goes to slot i + 1.
-- Decoder-only (GPT-2): prompts [b, P] (right-padded, `decoder_segment_ids` 0
-  on padding) are right-aligned in slots 0..P-1, so every row generates at
-  slot P, P + 1, ... while each token keeps its own position (padding slots
-  are masked, as Hugging Face's left padding does); `decoder_causal_attention`
-  marks a bidirectional prompt (a prefix LM), as in training. The prompt is
-  filled in one call.
+- Decoder-only (GPT-2): the prompt of each row of 'decoder_input_tokens' [b, P]
+  is where 'decoder_causal_attention' is 1, read bidirectionally (a prefix LM:
+  seqio's PrefixLM rows as they are), else where 'decoder_segment_ids' > 0, read
+  causally (right-padded prompts), else the whole row. Prompts are right-aligned
+  in slots 0..P-1, so every row generates at slot P, P + 1, ... while each token
+  keeps its own position (padding slots are masked, as Hugging Face's left
+  padding does). The prompt is filled in one call.
 """
 
 from __future__ import annotations
@@ -85,11 +86,13 @@ def encoder_decoder_prefill(
 def decoder_only_prefill(
     module: nn.Module, params: Any, batch: Mapping[str, Array], max_decode_length: int, ids: GenerationIds
 ) -> Prefill:
-    """batch['decoder_input_tokens'] [b, P] prompts (optional 'decoder_segment_ids' and
-    'decoder_causal_attention' [b, P]) -> the prefill of b rows (see the module docstring)."""
+    """batch['decoder_input_tokens'] [b, P] and the prompt's marks (see the module docstring)
+    -> the prefill of b rows."""
     prompts = batch["decoder_input_tokens"]
     rows, prompt_length = prompts.shape
-    valid = batch.get("decoder_segment_ids", jnp.ones_like(prompts)) > 0
+    bidirectional = "decoder_causal_attention" in batch
+    marks = batch["decoder_causal_attention"] if bidirectional else batch.get("decoder_segment_ids")
+    valid = jnp.ones_like(prompts, bool) if marks is None else marks > 0
     lengths = jnp.sum(valid, axis=1).astype(jnp.int32)  # [b]
     source = jnp.arange(prompt_length)[None] - (prompt_length - lengths)[:, None]  # [b, P]: prompt index of a slot
     in_prompt = source >= 0
@@ -103,9 +106,8 @@ def decoder_only_prefill(
     inputs = {  # over the cache slots [b, cache length]
         "segment_ids": jnp.concatenate([in_prompt.astype(jnp.int32), generated], axis=1), "lengths": lengths,
     }  # fmt: skip
-    if "decoder_causal_attention" in batch:
-        prompt_prefix = right_aligned(batch["decoder_causal_attention"].astype(jnp.int32), 0)
-        inputs["prefix"] = jnp.concatenate([prompt_prefix, 0 * generated], axis=1)
+    if bidirectional:
+        inputs["prefix"] = jnp.concatenate([in_prompt.astype(jnp.int32), 0 * generated], axis=1)
 
     def decode(state: DecodeState, tokens: Array, positions: Array, index: Array | int) -> tuple[Array, DecodeState]:
         variables = {"params": params} if state.kv is None else {"params": params, "cache": state.kv}
