@@ -40,6 +40,12 @@ def jit_predict(
     jitted = jax.jit(decode, in_shardings=(param_shardings, rows, replicated), out_shardings=rows)
 
     def run(params: Any, batch: Mapping[str, Array], rng: Array | None = None) -> DecodeOutput:
+        batch_size, ways = len(next(iter(batch.values()))), partitioning.data_parallel_size(mesh)
+        if batch_size % ways:
+            raise ValueError(
+                f"a batch of {batch_size} rows does not divide over the {ways} data-parallel devices of the mesh; "
+                f"use a batch size that is a multiple of {ways}"
+            )
         with jax.set_mesh(mesh):
             return jitted(params, batch, rng)
 
