@@ -63,7 +63,7 @@ def beam_search(
         live_scores, best = jax.lax.top_k(jnp.where(tokens == eos_id, -jnp.inf, scores), k)
         live_tokens = _take(sequences, best)
         source_rows = (jnp.arange(rows)[:, None] * k + _take(parents, best)).reshape(-1)
-        decode_state = cache_rows.take_rows(decode_state, source_rows)
+        decode_state = cache_rows.take_beams(decode_state, source_rows)
         logits, decode_state = prefill.step(decode_state, _take(tokens, best).reshape(-1), i)
         return i + 1, live_tokens, live_scores, done_tokens, done_scores, decode_state, logits
 

@@ -1,5 +1,5 @@
 """What a decode carries per row, and its row operations: repeating rows (several decodes per input)
-and picking rows (beam search).
+and picking beams (beam search).
 
 Every leaf of a key/value cache (layers.attention.MultiHeadAttention's 'cache'
 collection) is [..., batch, length, heads, head_dim]: scanned layers add a
@@ -25,17 +25,23 @@ class DecodeState(NamedTuple):
     inputs: Any
 
 
-def _map_rows(state: DecodeState, op: Any) -> DecodeState:
-    """op(leaf, batch_axis) on every leaf."""
-    kv = jax.tree.map(lambda leaf: op(leaf, leaf.ndim - CACHE_LEAF_RANK), state.kv)
-    return DecodeState(kv, jax.tree.map(lambda leaf: op(leaf, 0), state.inputs))
+SELF_ATTENTION_LEAVES = ("cached_key", "cached_value")  # what differs between the beams of one input
 
 
 def repeat_rows(state: DecodeState, times: int) -> DecodeState:
     """Each row `times` times in a row: row i becomes rows i * times ... i * times + times - 1."""
-    return _map_rows(state, lambda leaf, axis: jnp.repeat(leaf, times, axis=axis))
+    kv = jax.tree.map(lambda leaf: jnp.repeat(leaf, times, axis=leaf.ndim - CACHE_LEAF_RANK), state.kv)
+    return DecodeState(kv, jax.tree.map(lambda leaf: jnp.repeat(leaf, times, axis=0), state.inputs))
 
 
-def take_rows(state: DecodeState, rows: Array) -> DecodeState:
-    """The rows `rows` (int [n]), in that order."""
-    return _map_rows(state, lambda leaf, axis: jnp.take(leaf, rows, axis=axis))
+def take_beams(state: DecodeState, rows: Array) -> DecodeState:
+    """The self-attention caches of rows `rows` (int [n]), in that order, where each row is one of the
+    beams of the same input as the row it replaces: what those beams share (cross-attention keys
+    and values, the inputs) stays as it is."""
+
+    def take(path: tuple, leaf: Array) -> Array:
+        if getattr(path[-1], "key", None) not in SELF_ATTENTION_LEAVES:
+            return leaf
+        return jnp.take(leaf, rows, axis=leaf.ndim - CACHE_LEAF_RANK)
+
+    return DecodeState(jax.tree_util.tree_map_with_path(take, state.kv), state.inputs)
