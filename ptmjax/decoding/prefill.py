@@ -15,7 +15,8 @@ The search algorithms (sampling.py, beam_search.py) know nothing else of the mod
   causally (right-padded prompts), else the whole row. Prompts are right-aligned
   in slots 0..P-1, so every row generates at slot P, P + 1, ... while each token
   keeps its own position (padding slots are masked, as Hugging Face's left
-  padding does). The prompt is filled in one call.
+  padding does). The prompt is filled in one call, and only its last position
+  goes through the output layer (the module's `hidden_states` and `logits`).
 """
 
 from __future__ import annotations
@@ -113,10 +114,12 @@ def decoder_only_prefill(
         variables = {"params": params} if state.kv is None else {"params": params, "cache": state.kv}
         slots = CacheSlots(jnp.asarray(index, jnp.int32), cache_length)
         fields = state.inputs
-        logits, updated = module.apply(
-            variables, tokens, fields["segment_ids"], positions, fields.get("prefix"), cache=slots, mutable=["cache"]
+        hidden, updated = module.apply(
+            variables, tokens, fields["segment_ids"], positions, fields.get("prefix"), cache=slots,
+            method="hidden_states", mutable=["cache"],
         )  # fmt: skip
-        return logits[:, -1], DecodeState(updated["cache"], fields)
+        logits = module.apply({"params": params}, hidden[:, -1], method="logits")
+        return logits, DecodeState(updated["cache"], fields)
 
     state = _empty_state(lambda tokens: decode(DecodeState(None, inputs), tokens, tokens, 0), inputs, cache_length)
     first_logits, state = decode(state, tokens, jnp.maximum(source, 0), 0)

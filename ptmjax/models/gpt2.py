@@ -179,5 +179,9 @@ class GPT2(nn.Module):
             decoder_input_tokens, decoder_segment_ids, decoder_positions, decoder_causal_attention, enable_dropout,
             cache,
         )  # fmt: skip
-        logits = self.token_embedder.attend(x)
+        return self.logits(x)
+
+    def logits(self, hidden_states: Array) -> Array:
+        """Final hidden states [b, t, embed] -> logits float32 [b, t, vocab]."""
+        logits = self.token_embedder.attend(hidden_states)
         return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES)

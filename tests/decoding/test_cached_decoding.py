@@ -8,7 +8,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from conftest import IDS, MODELS, peaked_params, prompt_batch, uncached_greedy
+from decoding_helpers import IDS, MODELS, peaked_params, prompt_batch, uncached_greedy
 
 from ptmjax.decoding import DecodeConfig
 from ptmjax.layers import layer_stack

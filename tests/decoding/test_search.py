@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import IDS, MODELS, peaked_params, prompt_batch
+from decoding_helpers import IDS, MODELS, peaked_params, prompt_batch
 
 from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.decoding.sampling import filter_logits

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import ENCODER_INPUTS, IDS, MODELS, PROMPT_SEGMENTS, PROMPTS, is_decoder_only, peaked_params
+from decoding_helpers import ENCODER_INPUTS, IDS, MODELS, PROMPT_SEGMENTS, PROMPTS, is_decoder_only, peaked_params
 
 from ptmjax import partitioning
 from ptmjax.decoding import DecodeConfig
