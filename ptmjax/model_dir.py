@@ -130,6 +130,13 @@ class ModelDir:
             checkpointer.close()
 
 
+def folder_vocabulary(path: str) -> seqio.Vocabulary:
+    """The vocabulary of the model folder at `path` (`ModelDir.vocabulary`), for gin: binding
+    `register_text_files_task.vocabulary = @folder_vocabulary()` with `folder_vocabulary.path` set to
+    an imported model fine-tunes it on text with its own tokenizer."""
+    return ModelDir(path).vocabulary()
+
+
 def saved_mesh_shape(state_metadata: dict[str, Any]) -> dict[str, int] | None:
     """The mesh axis sizes the checkpoint's arrays were saved from, or None if it recorded no mesh."""
     for leaf in jax.tree.leaves(state_metadata, is_leaf=lambda x: hasattr(x, "sharding")):

@@ -11,10 +11,11 @@ import json
 import flax.linen as nn
 import jax
 import pytest
+import seqio
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from ptmjax import cli
-from ptmjax.convert import checkpoint
+from ptmjax.convert import checkpoint, hf_tokenizer
 from ptmjax.data import corpus, vocabularies
 from ptmjax.data.hf_tokenizer_vocabulary import HfTokenizerVocabulary
 from ptmjax.decoding.generation_ids import GenerationIds
@@ -167,3 +168,52 @@ def test_folders_without_a_vocabulary_say_so(tmp_path):
     (tmp_path / "generation.json").write_text('{"eos_token_id": [1, 2]}')
     with pytest.raises(ValueError, match=r"generation\.json has eos_token_id=\[1, 2\]"):
         ModelDir(str(tmp_path)).generation_ids()
+
+
+def test_an_import_fine_tunes_on_text_with_its_own_tokenizer(tmp_path):
+    """A Hugging Face T5 with its own SentencePiece model, imported, trains on text files through gin
+    alone: the task's vocabulary is the imported folder's (`folder_vocabulary`), not ptmjax's."""
+    import gin
+    import sentencepiece as spm
+
+    lines = [p.replace("\n", " ") for d in corpus.stdlib_docstrings("train") for p in d.split("\n\n") if p.strip()]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines[:400]), model_prefix=str(tmp_path / "own"), vocab_size=300, pad_id=0, eos_id=1,
+        unk_id=2, bos_id=-1, minloglevel=2,
+    )  # fmt: skip
+    hf_tokenizer.write_tokenizer(seqio.SentencePieceVocabulary(str(tmp_path / "own.model"), extra_ids=100),
+                                 str(tmp_path / "hf"))  # fmt: skip
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=len(tokenizer), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+        decoder_start_token_id=0,
+    ))  # fmt: skip
+    model.save_pretrained(tmp_path / "hf")
+    imported = tmp_path / "imported"
+    checkpoint.import_hf(str(tmp_path / "hf"), str(imported))
+    own = ModelDir(str(imported)).vocabulary()
+    assert own.vocab_size == 400 and own != vocabularies.stdlib_sentencepiece_vocabulary()
+    (tmp_path / "train.txt").write_text("\n".join(lines[:64]) + "\n")
+    (tmp_path / "valid.txt").write_text("\n".join(lines[64:72]) + "\n")
+    bindings = [
+        "train.mixture_or_task_name = @register_text_files_task()",
+        "register_text_files_task.name = 'own_tokenizer_text'",
+        f"register_text_files_task.train_pattern = '{tmp_path / 'train.txt'}'",
+        f"register_text_files_task.validation_pattern = '{tmp_path / 'valid.txt'}'",
+        "register_text_files_task.vocabulary = @folder_vocabulary()",
+        f"folder_vocabulary.path = '{imported}'",
+        f"train.init_checkpoint = '{imported}'",
+        "train.task_feature_lengths = {'inputs': 32, 'targets': 8}",
+        "train.batch_size = 8", "train.num_steps = 2", "train.eval_batches = 1", "train.show_progress = False",
+        "train.optimizer = @adamw", "adamw.learning_rate = 1e-3",
+    ]  # fmt: skip
+    run = tmp_path / "run"
+    try:
+        assert cli.main(["train", f"--gin_file={imported / 'config.gin'}", f"--model_dir={run}",
+                         *(f"--gin_bindings={b}" for b in bindings)]) == 0  # fmt: skip
+    finally:
+        gin.clear_config()
+        seqio.TaskRegistry.remove("own_tokenizer_text")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("eval_loss" in r for r in records)
+    assert ModelDir(str(run)).vocabulary() == own  # the run's own tokenizer, as later tools read it
