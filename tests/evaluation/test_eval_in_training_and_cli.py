@@ -1,12 +1,11 @@
-"""In-training evaluation logs task metrics and keeps best/ at the best step; `ptmjax eval` reproduces the numbers."""
+"""In-training evaluation logs task metrics and keeps best/ at the best step; `ptmjax eval` on best/ reproduces
+that step's logged numbers (so best/ holds that step's parameters) and equals the model API on hand-built rows."""
 
 import json
 import os
 
 import eval_tasks
 import gin
-import jax
-import numpy as np
 import pytest
 from test_evaluator import VOCAB, assert_matches_the_model_api
 
@@ -22,7 +21,7 @@ BINDINGS = [
     "T5Config.d_model = 32", "T5Config.head_dim = 8", "T5Config.d_ff = 64", "T5Config.num_encoder_layers = 1",
     "T5Config.num_decoder_layers = 1", "train.mixture_or_task_name = 'ptmjax_stdlib_module_classification'",
     "train.task_feature_lengths = {'inputs': 24, 'targets': 8}", "train.batch_size = 8", "train.num_steps = 3",
-    "train.show_progress = False", "train.eval_every = 3", "train.eval_batches = 1", "train.checkpoint_every = 1",
+    "train.show_progress = False", "train.eval_every = 3", "train.eval_batches = 1", "train.checkpoint_every = 3",
     "train.log_every = 1", "rsqrt_with_warmup.warmup_steps = 1", "DecodeConfig.max_decode_length = 8",
     f"train.inference_eval_tasks = ['{eval_tasks.MIXTURE}']", "train.inference_eval_every = 1",
     f"train.best_checkpoint_metric = '{BEST}'", "train.best_checkpoint_mode = 'min'",
@@ -52,6 +51,18 @@ def logged(model_dir, key):
         return {r["step"]: r[key] for r in map(json.loads, f) if key in r}
 
 
+def tensorboard_scalars(folder):
+    """{tag: {step: value}} of the event files in one TensorBoard run folder."""
+    import tensorflow as tf
+
+    scalars = {}
+    for name in os.listdir(folder):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+    return scalars
+
+
 def eval_cli(*args):
     try:
         return cli.main(["eval", *args])
@@ -64,13 +75,12 @@ def test_training_logs_task_metrics_and_keeps_the_best_step(run_dir):
     assert sorted(values) == [1, 2, 3] and len(set(values.values())) == 3
     assert sorted(logged(run_dir, f"eval_{eval_tasks.PREDICT_TASK}/rouge1")) == [1, 2, 3]
     best_step = min(values, key=values.get)
+    assert tensorboard_scalars(os.path.join(run_dir, "tensorboard", "eval"))[BEST] == pytest.approx(values, rel=1e-6)
     with open(os.path.join(run_dir, "best", "best.json")) as f:
         assert json.load(f) == {"metric": BEST, "mode": "min", "step": best_step, "value": values[best_step]}
-    best, run = ModelDir(os.path.join(run_dir, "best")), ModelDir(run_dir)
-    assert best.saved_steps() == [best_step] and run.saved_steps() == [1, 2, 3]  # the newest stay
-    model, _ = gin_files.read_model_config(run)
-    abstract = model_api(model).abstract_params
-    jax.tree.map(np.testing.assert_array_equal, best.read_params(abstract), run.read_params(abstract, step=best_step))
+    assert best_step != 3, "the test wants a best step other than the newest"
+    assert ModelDir(os.path.join(run_dir, "best")).saved_steps() == [best_step]
+    assert ModelDir(run_dir).saved_steps() == [3]  # the run's newest checkpoint stays
 
 
 def test_eval_cli_on_best_reproduces_the_logged_metrics(run_dir, capsys):
@@ -87,6 +97,8 @@ def test_eval_cli_on_best_reproduces_the_logged_metrics(run_dir, capsys):
             assert value == pytest.approx(logged(run_dir, f"eval_{task}/{name}")[step], rel=1e-6), (task, name)
     out = capsys.readouterr().out
     assert "mean_log_likelihood" in out and path in out
+    scalars = tensorboard_scalars(os.path.join(best_dir, "tensorboard", "eval"))
+    assert scalars[BEST] == pytest.approx({step: written["metrics"][eval_tasks.SCORE_TASK]["mean_log_likelihood"]})
     model, _ = gin_files.read_model_config(ModelDir(best_dir))
     api = model_api(model)
     params = ModelDir(best_dir).read_params(api.abstract_params)
