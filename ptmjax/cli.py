@@ -62,7 +62,33 @@ def _parser() -> argparse.ArgumentParser:
     _add_inspect_parser(commands)
     _add_convert_parser(commands)
     _add_compile_parser(commands)
+    _add_eval_parser(commands)
     return parser
+
+
+def _add_eval_parser(commands: argparse._SubParsersAction) -> None:
+    evaluate = commands.add_parser(
+        "eval", help="a checkpoint's metrics on a seqio task or mixture (decoding and/or scoring, as its metrics "
+        "need); writes MODEL_DIR/eval/<task>_step<N>.json and TensorBoard", parents=[_AFTER],
+    )
+    evaluate.add_argument("--model_dir", required=True, help="a `ptmjax train` run's folder or a converted model's")
+    evaluate.add_argument("--task", required=True, help="a registered seqio task or mixture with metric functions")
+    evaluate.add_argument("--split", default="validation", help="the split evaluated (default: validation)")
+    evaluate.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    evaluate.add_argument("--batch_size", type=int, default=32,
+                          help="rows per model call; a multiple of the data-parallel devices (default: 32)")
+    evaluate.add_argument("--max_examples", type=int, default=None,
+                          help="evaluate only the first N examples of each task (default: all)")
+    evaluate.add_argument("--output", default=None, help="the JSON file (default: MODEL_DIR/eval/<task>_step<N>.json)")
+    evaluate.add_argument("--overwrite", action="store_true", help="replace an existing JSON file")
+    evaluate.add_argument("--method", choices=("greedy", "beam", "sample"), default=None,
+                          help="decoding (default: DecodeConfig's, greedy)")
+    evaluate.add_argument("--max_decode_length", type=int, default=None, help="most tokens generated (default: 64)")
+    evaluate.add_argument("--num_beams", type=int, default=None, help="with --method=beam (default: 4)")
+    evaluate.add_argument("--length_penalty_alpha", type=float, default=None,
+                          help="with --method=beam: ((5 + length) / 6) ** alpha divides a beam's score (default: 0.6)")
+    evaluate.add_argument("--gin_bindings", action="append", default=[],
+                          help="e.g. 'DecodeConfig.top_k = 40' (repeatable); the decode flags override them")
 
 
 def _add_compile_parser(commands: argparse._SubParsersAction) -> None:
@@ -227,6 +253,10 @@ def _run(args: argparse.Namespace) -> int:
         from ptmjax.tools.aot_compile import main as run_compile
 
         return run_compile(args)
+    if args.command == "eval":
+        from ptmjax.tools.evaluate import main as run_eval
+
+        return run_eval(args)
     raise AssertionError(args.command)
 
 

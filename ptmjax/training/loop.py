@@ -15,7 +15,7 @@ import inspect
 import itertools
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import gin
 import jax
@@ -26,8 +26,13 @@ from tqdm.auto import tqdm
 
 from ptmjax import partitioning
 from ptmjax.data import pipeline
+from ptmjax.decoding import DecodeConfig, GenerationIds
+from ptmjax.evaluation import results
+from ptmjax.evaluation.evaluator import InferenceEvaluator
 from ptmjax.model_dir import ModelDir
+from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 from ptmjax.training import multihost
+from ptmjax.training.best_checkpoint import BestCheckpoint
 from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
@@ -69,6 +74,12 @@ def train(
     keep_checkpoints: int = 3,
     show_progress: bool = True,
     init_checkpoint: str | None = None,
+    inference_eval_tasks: Sequence[str] = (),
+    inference_eval_every: int | None = None,
+    inference_eval_examples: int | None = None,
+    decode_config: DecodeConfig | None = None,
+    best_checkpoint_metric: str | None = None,
+    best_checkpoint_mode: str = "max",
 ) -> TrainResult:
     """Pre-trains `model` on a seqio mixture; resumes from `model_dir`.
 
@@ -99,10 +110,29 @@ def train(
         fresh optimizer state: fine-tuning. Saved with or without scanned
         layers, either fits. Ignored when `model_dir` already has a checkpoint
         to resume.
+      inference_eval_tasks: seqio tasks or mixtures whose validation split is
+        run through `ptmjax.evaluation.evaluator.InferenceEvaluator` (decoding
+        and/or scoring, as their metrics need) every `inference_eval_every`
+        steps (None: `eval_every`) and at the end, cut to
+        `task_feature_lengths`, in batches of `batch_size`. Logged as
+        `eval_<task>/<metric>` in metrics.jsonl and `<task>/<metric>` in
+        TensorBoard's eval run.
+      inference_eval_examples: the first this many examples of each task (None: all).
+      decode_config: how those evaluations decode (default: DecodeConfig() with its gin bindings).
+      best_checkpoint_metric: '<task>/<metric>' of those evaluations: the
+        parameters of the step with its best value are kept in MODEL_DIR/best/
+        (see ptmjax/training/best_checkpoint.py); None keeps none.
+      best_checkpoint_mode: 'max' or 'min': which value is best.
     """
     mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
+    inference_eval_every = eval_every if inference_eval_every is None else inference_eval_every
     _check_positive(batch_size=batch_size, num_steps=num_steps, log_every=log_every,
-                    eval_every=eval_every, checkpoint_every=checkpoint_every)
+                    eval_every=eval_every, checkpoint_every=checkpoint_every, inference_eval_every=inference_eval_every)
+    if best_checkpoint_metric is not None and not inference_eval_tasks:
+        raise ValueError(
+            f"train.best_checkpoint_metric={best_checkpoint_metric!r} needs evaluations; set "
+            "train.inference_eval_tasks to the tasks it names"
+        )
     folder = ModelDir(model_dir)
     if init_checkpoint is not None and not folder.saved_steps():
         ModelDir(init_checkpoint).checkpoint_step()  # fails here, before anything is built or written
@@ -142,6 +172,24 @@ def train(
             feature_converter=trainer.api.family.feature_converter, **kwargs,
         )
 
+    evaluators = [
+        InferenceEvaluator(
+            trainer.api, name, mesh, spec.mesh_config.rules, decode_config or DecodeConfig(),
+            _generation_ids(model, name, init_checkpoint), batch_size, task_feature_lengths=task_feature_lengths,
+            max_examples=inference_eval_examples,
+        )
+        for name in inference_eval_tasks
+    ]  # fmt: skip
+    best = None
+    if best_checkpoint_metric is not None:
+        _check_best_metric(best_checkpoint_metric, [t for e in evaluators for t in e.task_names])
+        best = BestCheckpoint(model_dir, best_checkpoint_metric, best_checkpoint_mode, gin.operative_config_str(),
+                              read_only=not primary)  # fmt: skip
+
+    def inference_eval(params, step: int) -> dict[str, float]:
+        """{'<task>/<metric>': value} of every evaluated task."""
+        return {k: v for e in evaluators for k, v in results.flat(e.evaluate(params, step)).items()}
+
     train_iter = pipeline.ResumableIterator(
         lambda: host_dataset("train", shuffle=True), batches_consumed=data_state["batches_consumed"]
     )
@@ -160,7 +208,7 @@ def train(
 
     dropout_rng = jax.random.key(seed + 1)
     tokens_per_step = None  # the model's input tokens per global batch, read off the first batch
-    train_loss, eval_metrics, preempted = None, {}, False
+    train_loss, eval_metrics, task_metrics, preempted = None, {}, {}, False
     last_time, last_step = None, start  # timing starts once the first step (and its compile) is done
     with multihost.stop_on_sigterm() as stop_after, tqdm(
         total=num_steps, initial=start, disable=not (show_progress and primary), unit="step", dynamic_ncols=True
@@ -194,6 +242,15 @@ def train(
                 log.plot()
                 bar.write(f"step {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items()))
                 last_time += time.perf_counter() - eval_start  # step times exclude evaluation
+            if evaluators and (done % inference_eval_every == 0 or done == num_steps):
+                eval_start = time.perf_counter()
+                task_metrics = inference_eval(state.params, done)
+                log.write(done, {f"eval_{k}": v for k, v in task_metrics.items()})
+                note = ""
+                if best is not None and best.update(done, task_metrics, state.params):
+                    note = f" (best {best_checkpoint_metric}: saved to {best.folder.path})"
+                bar.write(f"step {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in task_metrics.items()) + note)
+                last_time += time.perf_counter() - eval_start
             stop = stop_after(done)
             if done % checkpoint_every == 0 or done == num_steps or stop:
                 checkpointer.save(done, state, train_iter.state())
@@ -203,6 +260,8 @@ def train(
                 break
 
     checkpointer.close()
+    if best is not None:
+        best.close()
     log.close()
     final_step = int(state.step)
     files = {
@@ -212,6 +271,9 @@ def train(
         "tensorboard": os.path.join(model_dir, "tensorboard"),
         "loss_curve": log.plot() if log.records() else "",
     }
+    if best is not None:
+        files["best"] = best.folder.path
+    eval_metrics = {**eval_metrics, **{f"eval_{k}": v for k, v in task_metrics.items()}}
     return TrainResult(model_dir, final_step, train_loss, eval_metrics, preempted, files)
 
 
@@ -232,6 +294,24 @@ def _check_positive(**values: int) -> None:
     bad = {k: v for k, v in values.items() if v < 1}
     if bad:
         raise ValueError(f"these must be positive integers: {bad}")
+
+
+def _check_best_metric(metric: str, tasks: Sequence[str]) -> None:
+    """`metric` must read '<task>/<metric>' with an evaluated task."""
+    task, _, name = metric.rpartition("/")
+    if task not in tasks or not name:
+        raise ValueError(
+            f"train.best_checkpoint_metric={metric!r} does not name '<task>/<metric>' of an evaluated task; "
+            f"evaluated tasks: {', '.join(tasks)}"
+        )
+
+
+def _generation_ids(model: nn.Module, task: str, init_checkpoint: str | None) -> GenerationIds:
+    """An init checkpoint's generation.json (an import's), else the ids of `task`'s targets vocabulary."""
+    if init_checkpoint is not None and os.path.isfile(ModelDir(init_checkpoint).generation_path):
+        return GenerationIds.read(ModelDir(init_checkpoint).generation_path)
+    vocabulary = pipeline.get_task_or_mixture(task).output_features["targets"].vocabulary
+    return GenerationIds.from_vocabulary(vocabulary, isinstance(model, EncoderDecoderInterface))
 
 
 def _check_vocabulary(model: nn.Module, mixture_or_task_name: str) -> None:

@@ -1,0 +1,47 @@
+"""Fixed-size batches of a seqio evaluator's enumerated examples, placed on a device mesh.
+
+seqio's `Evaluator` hands a model function a dataset of (index, features)
+pairs. `padded_batches` groups them `batch_size` at a time and fills the last
+batch with copies of its first row, so a jitted function sees one shape and
+compiles once; the caller drops the copies (`count` says how many rows are real).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import NamedTuple
+
+import jax
+import numpy as np
+import tensorflow as tf
+from jax.experimental import multihost_utils
+from jax.sharding import Sharding
+
+
+class Batch(NamedTuple):
+    """indices int64 [count]: the examples' seqio indices; features: [batch_size, ...] each; count: real rows."""
+
+    indices: np.ndarray
+    features: dict[str, np.ndarray]
+    count: int
+
+
+def padded_batches(dataset: tf.data.Dataset, batch_size: int) -> Iterator[Batch]:
+    """`dataset` of (index, {name: [length]}) in batches of exactly `batch_size` rows (see the module doc)."""
+    for indices, features in dataset.batch(batch_size).as_numpy_iterator():
+        count = len(indices)
+        fill = np.zeros(batch_size - count, np.int64)  # row 0, repeated
+        yield Batch(indices, {name: np.concatenate([value, value[fill]]) for name, value in features.items()}, count)
+
+
+def on_mesh(features: Mapping[str, np.ndarray], sharding: Sharding) -> dict[str, jax.Array]:
+    """Global arrays of a batch that every process holds whole; each device gets its rows."""
+    return {
+        name: jax.make_array_from_callback(value.shape, sharding, lambda index, value=value: value[index])
+        for name, value in features.items()
+    }
+
+
+def to_host(array: jax.Array) -> np.ndarray:
+    """A (row-sharded) global array as one numpy array on every process."""
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))

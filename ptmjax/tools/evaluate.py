@@ -1,0 +1,108 @@
+"""`ptmjax eval`: a model folder's checkpoint on a seqio task's (or a mixture's) evaluation split.
+
+The model, its mesh and its generation ids come from the folder (config.gin,
+generation.json); inputs and targets are cut to the run's
+`train.task_feature_lengths` (an import without them: the longest example).
+Results go to MODEL_DIR/eval/<task>_step<N>.json (or --output), written
+whole or not at all and never over an existing file without --overwrite, and
+to TensorBoard (ptmjax/evaluation/results.py); a table is printed.
+--gin_bindings bind DecodeConfig (the decode flags override them) and
+anything a task needs; they are read before the folder's config.gin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ptmjax.decoding import DecodeConfig
+
+DECODE_FLAGS = ("method", "max_decode_length", "num_beams", "length_penalty_alpha")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalReport:
+    """What one `evaluate_model_dir` wrote: the JSON file, the checkpoint step and {task: {metric: value}}."""
+
+    path: str
+    step: int
+    results: dict[str, dict[str, float]]
+
+
+def evaluate_model_dir(
+    model_dir: str, task: str, decode_config: DecodeConfig, *, split: str = "validation", step: int | None = None,
+    batch_size: int = 32, max_examples: int | None = None, output: str | None = None, overwrite: bool = False,
+    show_progress: bool = True,
+) -> EvalReport:  # fmt: skip
+    """Evaluates checkpoint `step` (default: the newest) of `model_dir` on `task` and writes the results."""
+    import jax
+
+    from ptmjax import gin_files, partitioning
+    from ptmjax.data import pipeline
+    from ptmjax.evaluation import results as results_io
+    from ptmjax.evaluation.evaluator import InferenceEvaluator
+    from ptmjax.model_dir import ModelDir
+    from ptmjax.training.model_api import model_api
+
+    folder = ModelDir(model_dir)
+    step = folder.checkpoint_step(step)
+    path = output or os.path.join(folder.path, "eval", f"{task}_step{step}.json")
+    if os.path.exists(path) and not overwrite:
+        raise ValueError(f"{path} exists; pass --overwrite to replace it, or --output to write elsewhere")
+    pipeline.get_task_or_mixture(task)
+    model, mesh_config = gin_files.read_model_config(folder)
+    lengths = gin_files.read_train_bindings(folder).get("task_feature_lengths")
+    ids = folder.generation_ids()
+    mesh = partitioning.make_mesh(mesh_config)
+    api = model_api(model)
+    evaluator = InferenceEvaluator(
+        api, task, mesh, mesh_config.rules, decode_config, ids, batch_size, split=split,
+        task_feature_lengths=lengths, max_examples=max_examples, show_progress=show_progress,
+    )  # fmt: skip
+    with jax.set_mesh(mesh):
+        shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, mesh_config.rules)
+    params = folder.read_params(api.abstract_params, shardings, step)
+    results = evaluator.evaluate(params, step)
+    payload = {
+        "model_dir": folder.path, "step": step, "task": task, "split": split, "max_examples": max_examples,
+        "num_examples": evaluator.num_examples(), "decode_config": dataclasses.asdict(decode_config),
+        "metrics": results,
+    }  # fmt: skip
+    results_io.write_json(path, payload, overwrite=overwrite)
+    results_io.write_tensorboard(folder.path, step, results)
+    return EvalReport(path, step, results)
+
+
+def decode_config_from(flags: Mapping[str, Any]) -> DecodeConfig:
+    """DecodeConfig() with its gin bindings, then the decode flags that were given (not None)."""
+    given = {name: flags[name] for name in DECODE_FLAGS if flags.get(name) is not None}
+    return dataclasses.replace(DecodeConfig(), **given)
+
+
+def main(args: argparse.Namespace) -> int:
+    """`ptmjax eval` (parser in ptmjax/cli.py): evaluates, writes the results and prints a table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ptmjax.gin_files import parse_gin
+
+    parse_gin([], args.gin_bindings)
+    decode_config = decode_config_from(vars(args))  # before reading config.gin clears the bindings
+    report = evaluate_model_dir(
+        args.model_dir, args.task, decode_config, split=args.split, step=args.step,
+        batch_size=args.batch_size, max_examples=args.max_examples, output=args.output, overwrite=args.overwrite,
+    )  # fmt: skip
+    table = Table("task", "metric", "value", title=f"{args.model_dir} step {report.step}, {args.split} split")
+    for task, values in report.results.items():
+        for name, value in values.items():
+            table.add_row(task, name, f"{value:.4f}")
+    console = Console()
+    if not console.is_terminal:  # piped or captured: wide enough for one line a row
+        console = Console(width=200)
+    console.print(table)
+    print(f"Results: {report.path}")
+    return 0
+
