@@ -225,8 +225,9 @@ class LoadedModel:
         return "LoadedModel(" + ", ".join(f"{k}: {v}" for k, v in self.summary().items()) + ")"
 
     def _repr_html_(self) -> str:
+        cell = 'style="text-align:left"'
         body = "".join(
-            f'<tr><th style="text-align:left">{html.escape(k)}</th><td style="text-align:left">{html.escape(v)}</td></tr>'
+            f"<tr><th {cell}>{html.escape(k)}</th><td {cell}>{html.escape(v)}</td></tr>"
             for k, v in self.summary().items()
         )
         return f"<table><caption>{html.escape(type(self.module).__name__)}</caption><tbody>{body}</tbody></table>"

@@ -33,7 +33,9 @@ from ptmjax.training.model_api import model_api
 HF_CONFIG = "config.json"
 
 
-def load(path: str, step: int | None = None, mesh: Mesh | None = None, batch_size: int = DEFAULT_BATCH_SIZE) -> LoadedModel:
+def load(
+    path: str, step: int | None = None, mesh: Mesh | None = None, batch_size: int = DEFAULT_BATCH_SIZE
+) -> LoadedModel:
     """The model at `path` with its parameters (checkpoint `step`, default the newest) on `mesh`."""
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(path):
