@@ -62,7 +62,43 @@ def _parser() -> argparse.ArgumentParser:
     _add_inspect_parser(commands)
     _add_convert_parser(commands)
     _add_compile_parser(commands)
+    _add_infer_parser(commands)
     return parser
+
+
+def _add_infer_parser(commands: argparse._SubParsersAction) -> None:
+    infer = commands.add_parser(
+        "infer", help="decode a text file's lines or a seqio task's split with a model folder; JSONL predictions",
+        parents=[_AFTER],
+    )
+    infer.add_argument("--model_dir", required=True, help="a `ptmjax train` run, an imported model or a Hugging Face "
+                       "folder")  # fmt: skip
+    infer.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    infer.add_argument("--task", default=None, help="a registered seqio task or mixture to decode")
+    infer.add_argument("--split", default="validation", help="with --task: the split (default: validation)")
+    infer.add_argument(
+        "--task_feature_lengths", type=parse_mesh_axes, default=None,
+        help="with --task: e.g. 'inputs=512,targets=114' (default: the run's train.task_feature_lengths)",
+    )
+    infer.add_argument("--input_file", default=None, help="one prompt per line; '-' reads standard input")
+    infer.add_argument(
+        "--output", default=None, help="JSONL file (default: MODEL_DIR/inference/<task or input file stem>.jsonl)"
+    )
+    infer.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    infer.add_argument("--method", choices=("greedy", "beam", "sample"), default=None, help="default: greedy")
+    infer.add_argument("--max_decode_length", type=int, default=None, help="most tokens generated, EOS included")
+    infer.add_argument("--num_beams", type=int, default=None, help="beam width (--method beam)")
+    infer.add_argument("--temperature", type=float, default=None, help="--method sample: softmax temperature")
+    infer.add_argument("--top_k", type=int, default=None, help="--method sample: keep the k likeliest (0 = off)")
+    infer.add_argument("--top_p", type=float, default=None, help="--method sample: nucleus mass (1 = off)")
+    infer.add_argument("--num_decodes", type=int, default=None, help="sequences per input (sample, beam)")
+    infer.add_argument("--seed", type=int, default=0, help="--method sample: the random seed")
+    infer.add_argument("--batch_size", type=int, default=8, help="inputs per jitted call (default 8)")
+    infer.add_argument("--max_examples", type=int, default=None, help="decode only the first N inputs")
+    infer.add_argument(
+        "--gin_bindings", action="append", default=[],
+        help="DecodeConfig bindings such as 'DecodeConfig.length_penalty_alpha = 0.0' (repeatable; flags win)",
+    )
 
 
 def _add_compile_parser(commands: argparse._SubParsersAction) -> None:
@@ -227,6 +263,10 @@ def _run(args: argparse.Namespace) -> int:
         from ptmjax.tools.aot_compile import main as run_compile
 
         return run_compile(args)
+    if args.command == "infer":
+        from ptmjax.tools.infer import run as run_infer
+
+        return run_infer(args)
     raise AssertionError(args.command)
 
 
