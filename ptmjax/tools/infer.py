@@ -64,7 +64,9 @@ def task_examples(model: LoadedModel, task_name: str, split: str, max_examples: 
 
     lengths = lengths or model.task_feature_lengths
     if lengths is None:
-        raise ValueError(f"no task feature lengths for {task_name!r}; pass --task_feature_lengths inputs=512,targets=128")
+        raise ValueError(
+            f"no task feature lengths for {task_name!r}; pass --task_feature_lengths inputs=512,targets=128"
+        )
     task = pipeline.get_task_or_mixture(task_name)
     dataset = task.get_dataset(dict(lengths), split=split, shuffle=False, num_epochs=1, seed=0)
     if max_examples is not None:
