@@ -208,7 +208,9 @@ class LoadedModel:
     def summary(self) -> dict[str, str]:
         """What `_repr_html_` shows: model, parameters, vocabulary, generation ids, mesh, source."""
         ids = ", ".join(f"{k}={v}" for k, v in self.generation_ids.to_hf().items())
-        mesh = ", ".join(f"{axis}={size}" for axis, size in self.mesh.shape.items() if size > 1) or "1 device"
+        devices = self.mesh.devices.size
+        axes = ", ".join(f"{axis}={size}" for axis, size in self.mesh.shape.items() if size > 1)
+        mesh = f"{axes} ({devices} devices)" if axes else "1 device"
         family = "encoder-decoder" if "encoder_input_tokens" in self.api.family.init_fields else "decoder-only"
         rows = "causal (Hugging Face)" if self.row_format.causal else self.api.family.feature_converter.__name__
         return {
@@ -217,7 +219,7 @@ class LoadedModel:
             "vocabulary": f"{type(self.vocabulary).__name__}, {self.vocabulary.vocab_size:,} ids",
             "generation ids": ids,
             "rows": rows,
-            "mesh": f"{mesh} ({self.mesh.devices.size} device{'s' if self.mesh.devices.size > 1 else ''})",
+            "mesh": mesh,
             "source": self.source,
         }
 
