@@ -18,9 +18,9 @@ from jax.sharding import Mesh
 from ptmjax import partitioning
 from ptmjax.decoding import DecodeConfig, DecodeOutput, GenerationIds
 from ptmjax.decoding.sharded import jit_predict
-from ptmjax.inference import text as text_lib
 from ptmjax.inference.batching import bucket_length, fixed_batches, round_up
 from ptmjax.inference.rows import RowFormat
+from ptmjax.inference.text import Inputs, check_texts, encode, until_eos
 from ptmjax.training.model_api import ModelApi, model_api
 
 DEFAULT_BATCH_SIZE = 8
@@ -85,7 +85,7 @@ class LoadedModel:
         return dataclasses.replace(config, **overrides)
 
     def generate(
-        self, inputs: text_lib.Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
+        self, inputs: Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
         batch_size: int | None = None, **overrides: Any,
     ) -> list[str] | list[list[str]]:  # fmt: skip
         """The generated text of each input: a string, or a list of num_decodes strings (best first) when
@@ -98,7 +98,7 @@ class LoadedModel:
         return [list(p.outputs) for p in predictions]
 
     def predict(
-        self, inputs: text_lib.Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
+        self, inputs: Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
         batch_size: int | None = None, **overrides: Any,
     ) -> list[Prediction]:  # fmt: skip
         """`generate` with scores and token ids: one `Prediction` per input."""
@@ -106,7 +106,7 @@ class LoadedModel:
         return [p for batch in batches for p in batch]
 
     def iter_predict(
-        self, inputs: text_lib.Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
+        self, inputs: Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
         batch_size: int | None = None, **overrides: Any,
     ) -> Iterator[list[Prediction]]:  # fmt: skip
         """`predict` one batch at a time (for progress bars). Every batch has the same shape: one compile."""
@@ -123,7 +123,7 @@ class LoadedModel:
             output = jax.device_get(run(self.params, batch, rng))
             batch_predictions = []
             for row in range(real):
-                tokens = tuple(tuple(text_lib.until_eos(t, eos)) for t in output.tokens[row])
+                tokens = tuple(tuple(until_eos(t, eos)) for t in output.tokens[row])
                 batch_predictions.append(Prediction(
                     texts[start + row], tuple(self.vocabulary.decode(list(t)) for t in tokens),
                     tuple(float(s) for s in output.scores[row]), tokens,
@@ -131,7 +131,7 @@ class LoadedModel:
             start += real
             yield batch_predictions
 
-    def score(self, inputs: text_lib.Inputs, targets: text_lib.Inputs, *, batch_size: int | None = None) -> np.ndarray:
+    def score(self, inputs: Inputs, targets: Inputs, *, batch_size: int | None = None) -> np.ndarray:
         """float32 [n]: log p(target_i | input_i), EOS included (`ModelApi.score` of the family's rows)."""
         _, input_ids = self._encoded(inputs, "inputs", self.row_format.add_eos)
         _, target_ids = self._encoded(targets, "targets", True, bos=not self.row_format.causal)
@@ -154,15 +154,15 @@ class LoadedModel:
         return np.concatenate(scores)
 
     def _encoded(
-        self, inputs: text_lib.Inputs, name: str, add_eos: bool, bos: bool = True
+        self, inputs: Inputs, name: str, add_eos: bool, bos: bool = True
     ) -> tuple[list[str], list[list[int]]]:  # fmt: skip
         """(texts, token ids) of strings (encoded) or of token id lists (used as they are, decoded for the texts)."""
         if not isinstance(inputs, str) and len(inputs) and all(_is_ids(x) for x in inputs):
             ids = [[int(i) for i in x] for x in inputs]
             return [self.vocabulary.decode(x) for x in ids], ids
-        texts = text_lib.check_texts(inputs, name)
+        texts = check_texts(inputs, name)
         bos_id = self.row_format.bos_id if bos else None
-        return texts, [text_lib.encode(self.vocabulary, t, bos_id, add_eos) for t in texts]
+        return texts, [encode(self.vocabulary, t, bos_id, add_eos) for t in texts]
 
     def _prompt_limit(self, max_decode_length: int) -> int | None:
         """The most prompt ids a row may hold: a learned position table bounds prompt and decode together."""
