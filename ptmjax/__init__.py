@@ -1,6 +1,8 @@
 """ptmjax: pre-training and adapting pre-trained language models in JAX/Flax."""
 
+import importlib
 import os
+from typing import Any
 
 from ptmjax import quiet_tensorflow
 
@@ -14,3 +16,10 @@ if _CPU_SCHEDULER_FLAG not in os.environ.get("XLA_FLAGS", ""):
 
 
 quiet_tensorflow.install()
+
+
+def __getattr__(name: str) -> Any:
+    """`ptmjax.load` (ptmjax/inference), imported on first use so that `import ptmjax` stays light (PEP 562)."""
+    if name == "load":
+        return importlib.import_module("ptmjax.inference").load
+    raise AttributeError(f"module 'ptmjax' has no attribute {name!r}")

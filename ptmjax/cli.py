@@ -63,13 +63,33 @@ def _parser() -> argparse.ArgumentParser:
     _add_convert_parser(commands)
     _add_compile_parser(commands)
     _add_eval_parser(commands)
+    _add_infer_parser(commands)
     return parser
+
+
+def _decode_parser() -> argparse.ArgumentParser:
+    """The decoding flags of `eval` and `infer`: DecodeConfig's fields, which override its gin bindings."""
+    decode = argparse.ArgumentParser(add_help=False)
+    decode.add_argument("--method", choices=("greedy", "beam", "sample"), default=None, help="default: greedy")
+    decode.add_argument("--max_decode_length", type=int, default=None, help="most tokens generated, EOS included")
+    decode.add_argument("--num_beams", type=int, default=None, help="--method beam: the beam width (default: 4)")
+    decode.add_argument("--length_penalty_alpha", type=float, default=None,
+                        help="--method beam: ((5 + length) / 6) ** alpha divides a beam's score (default: 0.6)")
+    decode.add_argument("--temperature", type=float, default=None, help="--method sample: softmax temperature")
+    decode.add_argument("--top_k", type=int, default=None, help="--method sample: keep the k likeliest (0 = off)")
+    decode.add_argument("--top_p", type=float, default=None, help="--method sample: nucleus mass (1 = off)")
+    decode.add_argument("--num_decodes", type=int, default=None, help="sequences per input (sample, beam)")
+    decode.add_argument(
+        "--gin_bindings", action="append", default=[],
+        help="DecodeConfig bindings such as 'DecodeConfig.top_k = 40' (repeatable; the flags win)",
+    )
+    return decode
 
 
 def _add_eval_parser(commands: argparse._SubParsersAction) -> None:
     evaluate = commands.add_parser(
         "eval", help="a checkpoint's metrics on a seqio task or mixture (decoding and/or scoring, as its metrics "
-        "need); writes MODEL_DIR/eval/<task>_step<N>.json and TensorBoard", parents=[_AFTER],
+        "need); writes MODEL_DIR/eval/<task>_step<N>.json and TensorBoard", parents=[_AFTER, _decode_parser()],
     )
     evaluate.add_argument("--model_dir", required=True, help="a `ptmjax train` run's folder or a converted model's")
     evaluate.add_argument("--task", required=True, help="a registered seqio task or mixture with metric functions")
@@ -81,14 +101,30 @@ def _add_eval_parser(commands: argparse._SubParsersAction) -> None:
                           help="evaluate only the first N examples of each task (default: all)")
     evaluate.add_argument("--output", default=None, help="the JSON file (default: MODEL_DIR/eval/<task>_step<N>.json)")
     evaluate.add_argument("--overwrite", action="store_true", help="replace an existing JSON file")
-    evaluate.add_argument("--method", choices=("greedy", "beam", "sample"), default=None,
-                          help="decoding (default: DecodeConfig's, greedy)")
-    evaluate.add_argument("--max_decode_length", type=int, default=None, help="most tokens generated (default: 64)")
-    evaluate.add_argument("--num_beams", type=int, default=None, help="with --method=beam (default: 4)")
-    evaluate.add_argument("--length_penalty_alpha", type=float, default=None,
-                          help="with --method=beam: ((5 + length) / 6) ** alpha divides a beam's score (default: 0.6)")
-    evaluate.add_argument("--gin_bindings", action="append", default=[],
-                          help="e.g. 'DecodeConfig.top_k = 40' (repeatable); the decode flags override them")
+
+
+def _add_infer_parser(commands: argparse._SubParsersAction) -> None:
+    infer = commands.add_parser(
+        "infer", help="decode a text file's lines or a seqio task's split with a model folder; JSONL predictions",
+        parents=[_AFTER, _decode_parser()],
+    )
+    infer.add_argument("--model_dir", required=True, help="a `ptmjax train` run, an imported model or a Hugging Face "
+                       "folder")  # fmt: skip
+    infer.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    infer.add_argument("--task", default=None, help="a registered seqio task or mixture to decode")
+    infer.add_argument("--split", default="validation", help="with --task: the split (default: validation)")
+    infer.add_argument(
+        "--task_feature_lengths", type=parse_mesh_axes, default=None,
+        help="with --task: e.g. 'inputs=512,targets=114' (default: the run's train.task_feature_lengths)",
+    )
+    infer.add_argument("--input_file", default=None, help="one prompt per line; '-' reads standard input")
+    infer.add_argument(
+        "--output", default=None, help="JSONL file (default: MODEL_DIR/inference/<task or input file stem>.jsonl)"
+    )
+    infer.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    infer.add_argument("--seed", type=int, default=0, help="--method sample: the random seed")
+    infer.add_argument("--batch_size", type=int, default=8, help="inputs per jitted call (default 8)")
+    infer.add_argument("--max_examples", type=int, default=None, help="decode only the first N inputs")
 
 
 def _add_compile_parser(commands: argparse._SubParsersAction) -> None:
@@ -257,6 +293,10 @@ def _run(args: argparse.Namespace) -> int:
         from ptmjax.tools.evaluate import main as run_eval
 
         return run_eval(args)
+    if args.command == "infer":
+        from ptmjax.tools.infer import run as run_infer
+
+        return run_infer(args)
     raise AssertionError(args.command)
 
 

@@ -5,7 +5,7 @@ Importing this module also registers the seqio tasks and mixtures.
 
 import gin
 
-from ptmjax import model_dir, partitioning  # noqa: F401
+from ptmjax import partitioning  # noqa: F401
 from ptmjax.data import downstream_tasks, language_tags, mixtures, objective_tasks, summary_tasks, tasks  # noqa: F401
 from ptmjax.evaluation.tasks import glue, squad, summarization, superglue, translation
 from ptmjax.models import albert, bart, bert, electra, gpt2, permutation_lm, t5
@@ -22,7 +22,6 @@ gin.external_configurable(electra.ElectraDiscriminator, module="ptmjax.models")
 gin.external_configurable(electra.ElectraGenerator, module="ptmjax.models")
 gin.external_configurable(permutation_lm.PermutationLM, module="ptmjax.models")
 gin.external_configurable(tasks.register_text_files_task, module="ptmjax.data.tasks")
-gin.external_configurable(model_dir.folder_vocabulary, module="ptmjax")
 gin.external_configurable(tasks.register_mixture, module="ptmjax.data.tasks")
 gin.external_configurable(glue.register_glue_tasks, module="ptmjax.evaluation.tasks")
 gin.external_configurable(superglue.register_super_glue_tasks, module="ptmjax.evaluation.tasks")

@@ -1,4 +1,11 @@
-"""Finding and parsing gin files (as given, or under the repository's gin_configs/), and reading a model folder's."""
+"""Finding and parsing gin files (as given, or under the repository's gin_configs/), and reading what a model
+folder's config.gin says: its model, and with its tokenizer files, its vocabulary and generation ids.
+
+`folder_vocabulary` is gin-configurable here (not in configurables.py, which
+would import this module back): binding `register_text_files_task.vocabulary =
+@folder_vocabulary()` with `folder_vocabulary.path` set to an imported model
+fine-tunes it on text with its own tokenizer.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import gin
+import seqio
 from flax import linen as nn
 
 from ptmjax import partitioning
+from ptmjax.data import pipeline, tokenizer_dir
+from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.gin_suggestions import did_you_mean, explain_gin_error, model_alias
-from ptmjax.model_dir import CONFIG_FILE, ModelDir
+from ptmjax.model_dir import CONFIG_FILE, TOKENIZER, ModelDir
+from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 
 GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
 
@@ -90,3 +101,31 @@ def read_model_config(folder: ModelDir) -> tuple[nn.Module, partitioning.MeshCon
     if "model" not in bindings:
         raise ValueError(f"{folder.config_path} binds no train.model; add e.g. 'train.model = @EncoderDecoder()'")
     return bindings["model"], bindings.get("mesh_config") or partitioning.MeshConfig()
+
+
+@gin.configurable
+def folder_vocabulary(path: str | ModelDir = gin.REQUIRED) -> seqio.Vocabulary:
+    """A model folder's seqio vocabulary: its tokenizer/ (an import's), else the targets vocabulary of its task."""
+    folder = path if isinstance(path, ModelDir) else ModelDir(path)
+    if os.path.isdir(folder.tokenizer_path):
+        return tokenizer_dir.read_vocabulary(folder.tokenizer_path)
+    if not os.path.isfile(folder.config_path):
+        raise FileNotFoundError(
+            f"{folder.path} has neither a {TOKENIZER}/ folder nor a {CONFIG_FILE}; pass the folder of a `ptmjax "
+            "train` run or of a `ptmjax convert --from-hf` import of a directory with tokenizer files"
+        )
+    task = read_train_bindings(folder).get("mixture_or_task_name")
+    if task is None:
+        raise ValueError(
+            f"{folder.path} has no {TOKENIZER}/ folder and its {CONFIG_FILE} binds no train.mixture_or_task_name; "
+            f"copy the model's Hugging Face tokenizer files into {folder.tokenizer_path}"
+        )
+    return pipeline.get_task_or_mixture(getattr(task, "name", task)).output_features["targets"].vocabulary
+
+
+def folder_generation_ids(folder: ModelDir) -> GenerationIds:
+    """The generation ids of an import's generation.json, else those of the run's vocabulary and model."""
+    if os.path.isfile(folder.generation_path):
+        return GenerationIds.read(folder.generation_path)
+    model, _ = read_model_config(folder)
+    return GenerationIds.from_vocabulary(folder_vocabulary(folder), isinstance(model, EncoderDecoderInterface))

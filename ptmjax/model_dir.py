@@ -10,9 +10,9 @@ MODEL_DIR/
 ```
 
 Paths are made absolute once, here: Orbax refuses relative ones. Reading a
-folder never creates anything in it. `gin_files.read_model_config` rebuilds
-the model its config.gin binds. A run's vocabulary is its task's, its
-generation ids follow from it.
+folder never creates anything in it. ptmjax/gin_files.py reads what its
+config.gin says: the model (`read_model_config`), and with the files above, the
+vocabulary (`folder_vocabulary`: a run's is its task's) and generation ids.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ import os
 from typing import Any
 
 import jax
-import seqio
 
-from ptmjax.decoding.generation_ids import GENERATION_FILE, GenerationIds
+from ptmjax.decoding.generation_ids import GENERATION_FILE
 from ptmjax.training.checkpoints import Checkpointer, saved_state_metadata
 
 CONFIG_FILE = "config.gin"
@@ -57,36 +56,6 @@ class ModelDir:
     @property
     def generation_path(self) -> str:
         return os.path.join(self.path, GENERATION_FILE)
-
-    def vocabulary(self) -> seqio.Vocabulary:
-        """The folder's seqio vocabulary: its tokenizer/ (an import's), else the targets vocabulary of its task."""
-        from ptmjax import gin_files  # gin_files imports this module
-        from ptmjax.data import pipeline, tokenizer_dir
-
-        if os.path.isdir(self.tokenizer_path):
-            return tokenizer_dir.read_vocabulary(self.tokenizer_path)
-        if not os.path.isfile(self.config_path):
-            raise FileNotFoundError(
-                f"{self.path} has neither a {TOKENIZER}/ folder nor a {CONFIG_FILE}; pass the folder of a `ptmjax "
-                "train` run or of a `ptmjax convert --from-hf` import of a directory with tokenizer files"
-            )
-        task = gin_files.read_train_bindings(self).get("mixture_or_task_name")
-        if task is None:
-            raise ValueError(
-                f"{self.path} has no {TOKENIZER}/ folder and its {CONFIG_FILE} binds no train.mixture_or_task_name; "
-                f"copy the model's Hugging Face tokenizer files into {self.tokenizer_path}"
-            )
-        return pipeline.get_task_or_mixture(getattr(task, "name", task)).output_features["targets"].vocabulary
-
-    def generation_ids(self) -> GenerationIds:
-        """The generation ids of an import's generation.json, else those of the run's vocabulary and model."""
-        from ptmjax import gin_files  # gin_files imports this module
-        from ptmjax.models.encoder_decoder import EncoderDecoderInterface
-
-        if os.path.isfile(self.generation_path):
-            return GenerationIds.read(self.generation_path)
-        model, _ = gin_files.read_model_config(self)
-        return GenerationIds.from_vocabulary(self.vocabulary(), isinstance(model, EncoderDecoderInterface))
 
     def saved_steps(self) -> list[int]:
         """The steps of the complete checkpoints, oldest first (none if there is no checkpoints/ folder)."""
@@ -128,13 +97,6 @@ class ModelDir:
             return checkpointer.restore_params(abstract_params, shardings, step=step)
         finally:
             checkpointer.close()
-
-
-def folder_vocabulary(path: str) -> seqio.Vocabulary:
-    """The vocabulary of the model folder at `path` (`ModelDir.vocabulary`), for gin: binding
-    `register_text_files_task.vocabulary = @folder_vocabulary()` with `folder_vocabulary.path` set to
-    an imported model fine-tunes it on text with its own tokenizer."""
-    return ModelDir(path).vocabulary()
 
 
 def saved_mesh_shape(state_metadata: dict[str, Any]) -> dict[str, int] | None:

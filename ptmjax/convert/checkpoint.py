@@ -66,9 +66,9 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None) -> str:
         params, model = layer_stack.unscan(params, model.config), api.unscanned().module
     imported = os.path.isfile(folder.generation_path)
     trained = "mixture_or_task_name" in gin_files.read_train_bindings(folder)
-    hf.save(model, params, hf_dir, folder.generation_ids() if imported or trained else None)
+    hf.save(model, params, hf_dir, gin_files.folder_generation_ids(folder) if imported or trained else None)
     if os.path.isdir(folder.tokenizer_path):
         hf_tokenizer.copy_tokenizer_files(folder.tokenizer_path, hf_dir)
     elif trained:
-        hf_tokenizer.write_tokenizer(folder.vocabulary(), hf_dir)
+        hf_tokenizer.write_tokenizer(gin_files.folder_vocabulary(folder), hf_dir)
     return hf_dir

@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ptmjax.decoding import cache as cache_rows
+from ptmjax.decoding.cache import repeat_rows, take_beams
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.decoding.prefill import Prefill
 from ptmjax.decoding.sampling import forced_tokens
@@ -63,7 +63,7 @@ def beam_search(
         live_scores, best = jax.lax.top_k(jnp.where(tokens == eos_id, -jnp.inf, scores), k)
         live_tokens = _take(sequences, best)
         source_rows = (jnp.arange(rows)[:, None] * k + _take(parents, best)).reshape(-1)
-        decode_state = cache_rows.take_beams(decode_state, source_rows)
+        decode_state = take_beams(decode_state, source_rows)
         logits, decode_state = prefill.step(decode_state, _take(tokens, best).reshape(-1), i)
         return i + 1, live_tokens, live_scores, done_tokens, done_scores, decode_state, logits
 
@@ -77,7 +77,7 @@ def beam_search(
     empty = jnp.full((rows, k, length), pad_id, jnp.int32)
     state = (
         jnp.zeros((), jnp.int32), empty, jnp.tile(first_live, (rows, 1)), empty, jnp.full((rows, k), -jnp.inf),
-        cache_rows.repeat_rows(prefill.state, k), jnp.repeat(prefill.first_logits, k, axis=0),
+        repeat_rows(prefill.state, k), jnp.repeat(prefill.first_logits, k, axis=0),
     )  # fmt: skip
     state = jax.lax.while_loop(running, body, state)
     return state[3], state[4]

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from ptmjax.decoding import cache as cache_rows
 from ptmjax.decoding.beam_search import beam_search
+from ptmjax.decoding.cache import repeat_rows
 from ptmjax.decoding.config import DecodeConfig, DecodeOutput
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.decoding.prefill import Prefill
@@ -39,7 +39,7 @@ def predict(
     n = config.num_decodes
     if n > 1:
         prefill = Prefill(
-            jnp.repeat(prefill.first_logits, n, axis=0), cache_rows.repeat_rows(prefill.state, n), prefill.step
+            jnp.repeat(prefill.first_logits, n, axis=0), repeat_rows(prefill.state, n), prefill.step
         )
     tokens, scores = sample(
         prefill, length, ids, rng if config.method == "sample" else None, config.temperature, config.top_k,

@@ -15,12 +15,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping
-from typing import Any
 
 from ptmjax.decoding import DecodeConfig
-
-DECODE_FLAGS = ("method", "max_decode_length", "num_beams", "length_penalty_alpha")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +51,7 @@ def evaluate_model_dir(
     pipeline.get_task_or_mixture(task)
     model, mesh_config = gin_files.read_model_config(folder)
     lengths = gin_files.read_train_bindings(folder).get("task_feature_lengths")
-    ids = folder.generation_ids()
+    ids = gin_files.folder_generation_ids(folder)
     mesh = partitioning.make_mesh(mesh_config)
     api = model_api(model)
     evaluator = InferenceEvaluator(
@@ -76,23 +72,15 @@ def evaluate_model_dir(
     return EvalReport(path, step, results)
 
 
-def decode_config_from(flags: Mapping[str, Any]) -> DecodeConfig:
-    """DecodeConfig() with its gin bindings, then the decode flags that were given (not None)."""
-    given = {name: flags[name] for name in DECODE_FLAGS if flags.get(name) is not None}
-    return dataclasses.replace(DecodeConfig(), **given)
-
-
 def main(args: argparse.Namespace) -> int:
     """`ptmjax eval` (parser in ptmjax/cli.py): evaluates, writes the results and prints a table."""
     from rich.console import Console
     from rich.table import Table
 
-    from ptmjax.gin_files import parse_gin
+    from ptmjax.tools.decode_flags import decode_config
 
-    parse_gin([], args.gin_bindings)
-    decode_config = decode_config_from(vars(args))  # before reading config.gin clears the bindings
     report = evaluate_model_dir(
-        args.model_dir, args.task, decode_config, split=args.split, step=args.step,
+        args.model_dir, args.task, decode_config(args), split=args.split, step=args.step,
         batch_size=args.batch_size, max_examples=args.max_examples, output=args.output, overwrite=args.overwrite,
     )  # fmt: skip
     table = Table("task", "metric", "value", title=f"{args.model_dir} step {report.step}, {args.split} split")

@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 import itertools
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -25,7 +26,7 @@ from flax import linen as nn
 from tqdm.auto import tqdm
 
 from ptmjax import partitioning
-from ptmjax.data import pipeline
+from ptmjax.data import pipeline, tokenizer_dir
 from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.evaluation import results
 from ptmjax.evaluation.evaluator import InferenceEvaluator
@@ -153,6 +154,8 @@ def train(
         with open(config_path, "w") as f:
             f.write(gin.operative_config_str())
         print(f"Resolved config saved to {config_path}:\n{gin.operative_config_str()}")
+        if init_checkpoint is not None:
+            _keep_import_tokenizer(ModelDir(init_checkpoint), folder, mixture_or_task_name)
 
     if checkpointer.latest_step() is not None:
         state, data_state = checkpointer.restore(trainer.abstract_state, trainer.state_shardings)
@@ -312,6 +315,19 @@ def _generation_ids(model: nn.Module, task: str, init_checkpoint: str | None) ->
         return GenerationIds.read(ModelDir(init_checkpoint).generation_path)
     vocabulary = pipeline.get_task_or_mixture(task).output_features["targets"].vocabulary
     return GenerationIds.from_vocabulary(vocabulary, isinstance(model, EncoderDecoderInterface))
+
+
+def _keep_import_tokenizer(source: ModelDir, run: ModelDir, mixture_or_task_name: str) -> None:
+    """Copies an import's tokenizer/ and generation.json into the run when the run's task uses that tokenizer,
+    so the fine-tuned model decodes and exports with them; nothing the run already has is replaced."""
+    if not os.path.isdir(source.tokenizer_path) or os.path.exists(run.tokenizer_path):
+        return
+    task_vocabulary = pipeline.get_task_or_mixture(mixture_or_task_name).output_features["targets"].vocabulary
+    if task_vocabulary != tokenizer_dir.read_vocabulary(source.tokenizer_path):
+        return
+    shutil.copytree(source.tokenizer_path, run.tokenizer_path)
+    if os.path.isfile(source.generation_path) and not os.path.exists(run.generation_path):
+        shutil.copyfile(source.generation_path, run.generation_path)
 
 
 def _check_vocabulary(model: nn.Module, mixture_or_task_name: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 import seqio
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from ptmjax import cli
+from ptmjax import cli, gin_files
 from ptmjax.convert import checkpoint, hf_tokenizer
 from ptmjax.data import corpus, vocabularies
 from ptmjax.data.hf_tokenizer_vocabulary import HfTokenizerVocabulary
@@ -75,9 +75,9 @@ def test_a_t5_run_exports_its_sentencepiece_tokenizer_and_generation_ids(tmp_pat
     checkpointer = Checkpointer(str(run / "checkpoints"), asynchronous=False)
     checkpointer.save_params(0, jax.device_get(nn.unbox(model_api(EncoderDecoder(config)).init(jax.random.key(0)))))
     checkpointer.close()
-    vocab = ModelDir(str(run)).vocabulary()
+    vocab = gin_files.folder_vocabulary(str(run))
     assert vocab == vocabularies.stdlib_sentencepiece_vocabulary()
-    assert ModelDir(str(run)).generation_ids() == GenerationIds(eos_token_id=1, pad_token_id=0,
+    assert gin_files.folder_generation_ids(ModelDir(str(run))) == GenerationIds(eos_token_id=1, pad_token_id=0,
                                                                 decoder_start_token_id=0)  # fmt: skip
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.gin"]  # reading created nothing
 
@@ -96,9 +96,10 @@ def test_a_t5_run_exports_its_sentencepiece_tokenizer_and_generation_ids(tmp_pat
 
     imported = tmp_path / "imported"  # and back: spiece.model is seqio's SentencePiece again
     checkpoint.import_hf(str(out), str(imported))
-    again = ModelDir(str(imported)).vocabulary()
+    again = gin_files.folder_vocabulary(str(imported))
     assert again.sp_model == vocab.sp_model and again.vocab_size == vocab.vocab_size
-    assert ModelDir(str(imported)).generation_ids() == ModelDir(str(run)).generation_ids()
+    run_ids = gin_files.folder_generation_ids(ModelDir(str(run)))
+    assert gin_files.folder_generation_ids(ModelDir(str(imported))) == run_ids
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bart"])
@@ -123,11 +124,11 @@ def test_import_brings_the_tokenizer_and_export_writes_it_back(tmp_path, family)
     assert cli.main(["convert", "--from-hf", str(tmp_path / "hf"), "--to", folder.path]) == 0
     copied = sorted(p.name for p in (tmp_path / "imported" / "tokenizer").iterdir())
     assert copied == ["tokenizer.json", "tokenizer_config.json"]
-    vocab = folder.vocabulary()
+    vocab = gin_files.folder_vocabulary(folder)
     assert isinstance(vocab, HfTokenizerVocabulary)
     for text in TEXTS:
         assert list(vocab.encode(text)) == tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert folder.generation_ids() == want
+    assert gin_files.folder_generation_ids(folder) == want
 
     out = tmp_path / "out"
     assert cli.main(["convert", "--from", folder.path, "--to-hf", str(out)]) == 0
@@ -151,23 +152,23 @@ def test_bert_import_gives_a_wordpiece_vocabulary(tmp_path):
     saved(tmp_path / "hf", tokenizer, model)
     folder = ModelDir(str(tmp_path / "imported"))
     checkpoint.import_hf(str(tmp_path / "hf"), folder.path)
-    vocab = folder.vocabulary()
+    vocab = gin_files.folder_vocabulary(folder)
     assert json.loads(vocab.tokenizer.to_str())["model"]["type"] == "WordPiece"
     assert (vocab.pad_id, vocab.eos_id, vocab.unk_id) == (0, tokenizer.sep_token_id, tokenizer.unk_token_id)
     for text in [*TEXTS, "MIXED case Ünïcödé"]:
         assert list(vocab.encode(text)) == tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert folder.generation_ids() == GenerationIds(pad_token_id=0)
+    assert gin_files.folder_generation_ids(folder) == GenerationIds(pad_token_id=0)
 
 
 def test_folders_without_a_vocabulary_say_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="has neither a tokenizer/ folder nor a config.gin"):
-        ModelDir(str(tmp_path)).vocabulary()
+        gin_files.folder_vocabulary(str(tmp_path))
     (tmp_path / "config.gin").write_text("train.batch_size = 8\n")
     with pytest.raises(ValueError, match="binds no train.mixture_or_task_name; copy the model's Hugging Face"):
-        ModelDir(str(tmp_path)).vocabulary()
+        gin_files.folder_vocabulary(str(tmp_path))
     (tmp_path / "generation.json").write_text('{"eos_token_id": [1, 2]}')
     with pytest.raises(ValueError, match=r"generation\.json has eos_token_id=\[1, 2\]"):
-        ModelDir(str(tmp_path)).generation_ids()
+        gin_files.folder_generation_ids(ModelDir(str(tmp_path)))
 
 
 def test_an_import_fine_tunes_on_text_with_its_own_tokenizer(tmp_path):
@@ -191,7 +192,7 @@ def test_an_import_fine_tunes_on_text_with_its_own_tokenizer(tmp_path):
     model.save_pretrained(tmp_path / "hf")
     imported = tmp_path / "imported"
     checkpoint.import_hf(str(tmp_path / "hf"), str(imported))
-    own = ModelDir(str(imported)).vocabulary()
+    own = gin_files.folder_vocabulary(str(imported))
     assert own.vocab_size == 400 and own != vocabularies.stdlib_sentencepiece_vocabulary()
     (tmp_path / "train.txt").write_text("\n".join(lines[:64]) + "\n")
     (tmp_path / "valid.txt").write_text("\n".join(lines[64:72]) + "\n")
@@ -216,4 +217,7 @@ def test_an_import_fine_tunes_on_text_with_its_own_tokenizer(tmp_path):
         seqio.TaskRegistry.remove("own_tokenizer_text")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("eval_loss" in r for r in records)
-    assert ModelDir(str(run)).vocabulary() == own  # the run's own tokenizer, as later tools read it
+    kept = gin_files.folder_vocabulary(str(run))  # the run keeps the import's tokenizer and ids
+    assert kept.sp_model == own.sp_model and kept.vocab_size == own.vocab_size
+    import_ids = gin_files.folder_generation_ids(ModelDir(str(imported)))
+    assert gin_files.folder_generation_ids(ModelDir(str(run))) == import_ids

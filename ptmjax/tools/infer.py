@@ -1,0 +1,130 @@
+"""`ptmjax infer`: decode a text file's lines or a seqio task's split with a model folder, into JSONL.
+
+Each line of the output: {"inputs", "targets" (a task's, else absent), "prediction", "score"}; with
+num_decodes > 1, prediction and score are lists, best first. The output is written to a temporary
+file beside it and renamed at the end, so a failed run leaves any earlier output as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ptmjax.inference import LoadedModel, load
+from ptmjax.tools.decode_flags import decode_config
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One input: its text, its ids when a task gave them (used as they are), and its target text if known."""
+
+    inputs: str
+    ids: tuple[int, ...] | None = None
+    targets: str | None = None
+
+
+def output_path(args: argparse.Namespace) -> str:
+    """--output, else MODEL_DIR/inference/<task or input file stem>.jsonl; raises if it exists without --overwrite."""
+    stem = args.task or ("stdin" if args.input_file == "-" else Path(args.input_file).stem)
+    path = args.output or os.path.join(args.model_dir, "inference", f"{stem}.jsonl")
+    if os.path.exists(path) and not args.overwrite:
+        raise ValueError(f"{path} exists; pass --overwrite to replace it, or another --output")
+    return path
+
+
+def read_lines(input_file: str) -> list[Example]:
+    """One example a line of `input_file` ('-': standard input); raises for an empty line or file."""
+    if input_file == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        with open(input_file) as f:
+            lines = f.read().splitlines()
+    if not lines:
+        raise ValueError(f"{input_file} has no lines; write one prompt per line")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            raise ValueError(f"{input_file} line {number} is empty; write one prompt per line, with no blank lines")
+    return [Example(line) for line in lines]
+
+
+def task_examples(model: LoadedModel, task_name: str, split: str, max_examples: int | None,
+                  lengths: dict[str, int] | None) -> list[Example]:  # fmt: skip
+    """The examples of a registered seqio task's split, unshuffled: their ids, and texts decoded from them."""
+    from ptmjax.data import pipeline
+
+    lengths = lengths or model.task_feature_lengths
+    if lengths is None:
+        raise ValueError(
+            f"no task feature lengths for {task_name!r}; pass --task_feature_lengths inputs=512,targets=128"
+        )
+    task = pipeline.get_task_or_mixture(task_name)
+    dataset = task.get_dataset(dict(lengths), split=split, shuffle=False, num_epochs=1, seed=0)
+    if max_examples is not None:
+        dataset = dataset.take(max_examples)
+    vocabulary = task.output_features["targets"].vocabulary
+    examples = [
+        Example(vocabulary.decode(e["inputs"].tolist()), tuple(e["inputs"].tolist()),
+                vocabulary.decode(e["targets"].tolist()))
+        for e in dataset.as_numpy_iterator()
+    ]  # fmt: skip
+    if not examples:
+        raise ValueError(f"the {split!r} split of {task_name!r} has no examples")
+    return examples
+
+
+def record(example: Example, prediction: Any, several: bool) -> dict[str, Any]:
+    fields: dict[str, Any] = {"inputs": example.inputs}
+    if example.targets is not None:
+        fields["targets"] = example.targets
+    fields["prediction"] = list(prediction.outputs) if several else prediction.outputs[0]
+    fields["score"] = list(prediction.scores) if several else prediction.scores[0]
+    return fields
+
+
+def run(args: argparse.Namespace) -> int:
+    """`ptmjax infer` (see ptmjax/cli.py's _add_infer_parser for the flags)."""
+    from tqdm import tqdm
+
+    if (args.task is None) == (args.input_file is None):
+        raise ValueError("pass either --task NAME (with --split) or --input_file FILE ('-' for standard input)")
+    path = output_path(args)
+    examples = read_lines(args.input_file) if args.input_file else None
+    model = load(args.model_dir, step=args.step, batch_size=args.batch_size)
+    config = decode_config(args)
+    if examples is None:
+        examples = task_examples(model, args.task, args.split, args.max_examples, args.task_feature_lengths)
+    examples = examples[: args.max_examples]
+    inputs: Sequence[Any] = [e.ids for e in examples] if examples[0].ids else [e.inputs for e in examples]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    start, tokens, scores, done = time.perf_counter(), 0, [], 0
+    several = config.num_decodes > 1
+    handle, temporary = tempfile.mkstemp(prefix=".infer-", suffix=".jsonl", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(handle, "w") as f, tqdm(total=len(examples), unit="ex", dynamic_ncols=True) as bar:
+            for batch in model.iter_predict(inputs, config, seed=args.seed):
+                for prediction in batch:
+                    f.write(json.dumps(record(examples[done], prediction, several), ensure_ascii=False) + "\n")
+                    tokens += sum(len(t) for t in prediction.tokens)
+                    scores.append(prediction.scores[0])
+                    done += 1
+                elapsed = time.perf_counter() - start
+                bar.update(len(batch))
+                bar.set_postfix(ex_s=f"{done / elapsed:.1f}", tok_s=f"{tokens / elapsed:.0f}")
+        os.replace(temporary, path)
+    except BaseException:
+        os.remove(temporary)
+        raise
+    elapsed = time.perf_counter() - start
+    print(f"Decoded {done} examples ({config.method}, max_decode_length={config.max_decode_length}) in "
+          f"{elapsed:.1f} s: {done / elapsed:.1f} examples/s, {tokens / elapsed:.0f} tokens/s")  # fmt: skip
+    print(f"  mean score: {sum(scores) / len(scores):.4f}")
+    print(f"  predictions: {os.path.abspath(path)}")
+    return 0
