@@ -17,6 +17,8 @@ import tensorflow as tf
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
+from ptmjax.inference.batching import padded
+
 
 class Batch(NamedTuple):
     """indices int64 [count]: the examples' seqio indices; features: [batch_size, ...] each; count: real rows."""
@@ -29,9 +31,7 @@ class Batch(NamedTuple):
 def padded_batches(dataset: tf.data.Dataset, batch_size: int) -> Iterator[Batch]:
     """`dataset` of (index, {name: [length]}) in batches of exactly `batch_size` rows (see the module doc)."""
     for indices, features in dataset.batch(batch_size).as_numpy_iterator():
-        count = len(indices)
-        fill = np.zeros(batch_size - count, np.int64)  # row 0, repeated
-        yield Batch(indices, {name: np.concatenate([value, value[fill]]) for name, value in features.items()}, count)
+        yield Batch(indices, padded(features, batch_size), len(indices))
 
 
 def on_mesh(features: Mapping[str, np.ndarray], sharding: Sharding) -> dict[str, jax.Array]:

@@ -23,13 +23,15 @@ def round_up(size: int, multiple: int) -> int:
     return -(-size // multiple) * multiple
 
 
+def padded(rows: Mapping[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
+    """`rows` (at most `batch_size`, at least one) filled up to `batch_size` with copies of the first."""
+    return {name: np.concatenate([value, np.repeat(value[:1], batch_size - len(value), axis=0)])
+            for name, value in rows.items()}  # fmt: skip
+
+
 def fixed_batches(rows: Mapping[str, np.ndarray], batch_size: int) -> Iterator[tuple[dict[str, np.ndarray], int]]:
     """(batch of exactly `batch_size` rows, how many of them are real), over consecutive rows."""
     total = len(next(iter(rows.values())))
     for start in range(0, total, batch_size):
         real = min(batch_size, total - start)
-        batch = {}
-        for name, value in rows.items():
-            chunk = value[start : start + real]
-            batch[name] = np.concatenate([chunk, np.repeat(chunk[:1], batch_size - real, axis=0)])
-        yield batch, real
+        yield padded({name: value[start : start + real] for name, value in rows.items()}, batch_size), real
