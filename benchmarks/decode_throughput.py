@@ -18,9 +18,14 @@ which no step can emit, so greedy rows never finish early and beam search finish
 the last step (the script checks the output lengths).
 
 Tokens/s = batch x new tokens / seconds (beams do not multiply it); each timing is the median of
---repeats runs after one warm-up run. ptmjax's compile time (jit lower + compile) is excluded from
-the timings and printed in its own column. 'same tokens' compares the two frameworks' outputs on
-the benchmark batch: rows whose generated tokens are all equal. --quick is a smoke test: tiny models
+--repeats runs after one warm-up run. MFU divides the decode's model FLOPs per second by this
+machine's float32 matmul peak (the best 2048x2048 matmul of JAX, NumPy or PyTorch, measured in the
+same run, as benchmarks/train_throughput.py does); the model FLOPs are a forward pass over the
+prompt and every beam's generated tokens (encoder once per input; logits only where a token is
+generated), so padding slots of the fixed-size cache and beam reordering earn no credit.
+ptmjax's compile time (jit lower + compile) is excluded from the timings and printed in its own
+column. 'same tokens' compares the two frameworks' outputs on the benchmark batch: rows whose
+generated tokens are all equal. --quick is a smoke test: tiny models
 (vocab 256, d_model 32, 2 layers), 8-token prompts, batch 2, 4 new tokens, 1 timed run (flags still
 override). Prints a table; asserts nothing about time.
 """
@@ -39,10 +44,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from train_throughput import matmul_peak_flops  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
 from ptmjax.convert import hf_gpt2, hf_t5  # noqa: E402
 from ptmjax.decoding import DecodeConfig, GenerationIds  # noqa: E402
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config  # noqa: E402
+from ptmjax.models.flops import t5_forward_flops  # noqa: E402
 from ptmjax.training.model_api import model_api  # noqa: E402
 
 T5_SMALL = T5Config(
@@ -96,6 +103,20 @@ def build(model: Model) -> tuple[Any, Any]:
         hf.get_parameter(model.final_norm).mul_(model.sharpen)
     params = model.converter.hf_to_params({k: v.numpy() for k, v in hf.state_dict().items()}, model.config)
     return hf, jax.device_put(params["params"])
+
+
+def decode_flops(model: Model, batch: int, beams: int, new_tokens: int) -> float:
+    """Model FLOPs of decoding `batch` rows (see the module docstring)."""
+    c = model.config
+    if model.encoder_decoder:
+        encoder = t5_forward_flops(c, batch, model.prompt_length, 0)
+        return encoder + beams * (t5_forward_flops(c, batch, model.prompt_length, new_tokens) - encoder)
+    per_token = c.num_layers * 2 * (4 * c.d_model**2 + 2 * c.d_model * c.d_ff)
+    attention = lambda start, stop: sum(c.num_layers * 4 * c.d_model * (t + 1) for t in range(start, stop))  # noqa: E731
+    prompt = model.prompt_length * per_token + attention(0, model.prompt_length) + 2 * c.d_model * c.vocab_size
+    generated = (new_tokens * per_token + attention(model.prompt_length, model.prompt_length + new_tokens)
+                 + (new_tokens - 1) * 2 * c.d_model * c.vocab_size)  # fmt: skip
+    return batch * (prompt + beams * generated)
 
 
 def prompts(model: Model, batch: int) -> np.ndarray:
@@ -183,8 +204,10 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count())
     print(f"{new_tokens} new tokens per row, median of {repeats} runs, float32 on {os.cpu_count()} CPU cores "
           f"(torch threads {torch.get_num_threads()}, JAX {jax.default_backend()}); beam search: {args.beams} beams\n")
+    peak = max(matmul_peak_flops().values())
+    print(f"float32 matmul peak of this machine: {peak / 1e9:.1f} GFLOP/s\n")
     header = (f"{'model':<15}{'method':<8}{'batch':>6}{'ptmjax tok/s':>14}{'HF tok/s':>10}{'ptmjax/HF':>11}"
-              f"{'ptmjax compile s':>18}{'same tokens':>13}")
+              f"{'ptmjax MFU':>12}{'HF MFU':>8}{'ptmjax compile s':>18}{'same tokens':>13}")
     print(header)
     print("-" * len(header))
     registry = models(args.quick)
@@ -202,8 +225,11 @@ def main() -> None:
                     assert out.shape == (batch, new_tokens), out.shape
                 same = int((our_tokens == hf_tokens).all(axis=1).sum())
                 our_rate, hf_rate = batch * new_tokens / our_seconds, batch * new_tokens / hf_seconds
+                flops = decode_flops(model, batch, 1 if method == "greedy" else args.beams, new_tokens)
                 print(f"{model.label:<15}{method:<8}{batch:>6}{our_rate:>14.1f}{hf_rate:>10.1f}"
-                      f"{our_rate / hf_rate:>10.2f}x{compile_seconds:>18.1f}{f'{same}/{batch} rows':>13}")
+                      f"{our_rate / hf_rate:>10.2f}x{flops / our_seconds / peak:>12.1%}"
+                      f"{flops / hf_seconds / peak:>8.1%}"
+                      f"{compile_seconds:>18.1f}{f'{same}/{batch} rows':>13}")
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ def decoder_only_prefill(
             variables, tokens, fields["segment_ids"], positions, fields.get("prefix"), cache=slots,
             method="hidden_states", mutable=["cache"],
         )  # fmt: skip
-        logits = module.apply({"params": params}, hidden[:, -1], method="logits")
+        logits = module.apply({"params": params}, hidden[:, -1:], method="logits")[:, 0]
         return logits, DecodeState(updated["cache"], fields)
 
     state = _empty_state(lambda tokens: decode(DecodeState(None, inputs), tokens, tokens, 0), inputs, cache_length)

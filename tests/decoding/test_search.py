@@ -19,7 +19,7 @@ LENGTH = 6
 GREEDY = DecodeConfig(max_decode_length=LENGTH)
 
 
-@pytest.fixture(scope="module", params=["t5_1_1", "gpt2"])
+@pytest.fixture(scope="module", params=["t5_1_1", pytest.param("gpt2", marks=pytest.mark.slow)])
 def model(request):
     module = MODELS[request.param]
     params = peaked_params(module, scale=2.0)
