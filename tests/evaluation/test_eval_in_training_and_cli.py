@@ -7,6 +7,7 @@ import os
 import eval_tasks
 import gin
 import pytest
+from tensorboard_helpers import tensorboard_scalars
 from test_evaluator import VOCAB, assert_matches_the_model_api
 
 from ptmjax import cli, gin_files
@@ -49,18 +50,6 @@ def run_dir(tmp_path_factory):
 def logged(model_dir, key):
     with open(os.path.join(model_dir, "metrics.jsonl")) as f:
         return {r["step"]: r[key] for r in map(json.loads, f) if key in r}
-
-
-def tensorboard_scalars(folder):
-    """{tag: {step: value}} of the event files in one TensorBoard run folder."""
-    import tensorflow as tf
-
-    scalars = {}
-    for name in os.listdir(folder):
-        for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
-    return scalars
 
 
 def eval_cli(*args):

@@ -6,6 +6,7 @@ import types
 
 import jax
 import numpy as np
+from tensorboard_helpers import tensorboard_scalars
 
 from ptmjax import partitioning
 from ptmjax.data import tasks  # noqa: F401  (registers the tasks)
@@ -38,18 +39,6 @@ def records(model_dir):
 
 def train_losses(model_dir):
     return {r["step"]: r["loss"] for r in records(model_dir) if "loss" in r}
-
-
-def tensorboard_scalars(folder):
-    """{tag: {step: value}} of the event files in one TensorBoard run folder."""
-    import tensorflow as tf
-
-    scalars = {}
-    for name in os.listdir(folder):
-        for event in tf.compat.v1.train.summary_iterator(os.path.join(folder, name)):
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
-    return scalars
 
 
 def final_params(model_dir):
