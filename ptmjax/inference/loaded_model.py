@@ -4,6 +4,7 @@ generating from and scoring texts (`ptmjax.load` makes one)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -67,9 +68,14 @@ class LoadedModel:
         """The model config (T5Config, GPT2Config, ...)."""
         return self.module.config
 
-    @property
+    @functools.cached_property
     def api(self) -> ModelApi:
+        """The model API, kept: its abstract parameters are computed once for every decode config."""
         return model_api(self.module)
+
+    @property
+    def decoder_only(self) -> bool:
+        return self.api.family.init_fields == ("decoder_input_tokens",)
 
     @property
     def num_params(self) -> int:
@@ -139,8 +145,7 @@ class LoadedModel:
             raise ValueError(f"{len(input_ids)} inputs but {len(target_ids)} targets; pass one target per input")
         longest_input, longest_target = max(map(len, input_ids)), max(map(len, target_ids))
         limit = getattr(self.config, "max_length", None)
-        decoder_only = self.api.family.init_fields == ("decoder_input_tokens",)
-        if decoder_only and limit is not None:
+        if self.decoder_only and limit is not None:
             input_length = bucket_length(longest_input, limit - longest_target - 1)
             target_length = bucket_length(longest_target, limit - input_length - 1)
         else:
@@ -167,7 +172,7 @@ class LoadedModel:
     def _prompt_limit(self, max_decode_length: int) -> int | None:
         """The most prompt ids a row may hold: a learned position table bounds prompt and decode together."""
         limit = getattr(self.config, "max_length", None)
-        if limit is None or self.api.family.init_fields != ("decoder_input_tokens",):
+        if limit is None or not self.decoder_only:
             return limit
         room = limit - max_decode_length - (0 if self.row_format.causal else 1)  # PrefixLM rows start with 0
         if room < 1:
