@@ -48,8 +48,10 @@ def beam_search(
     k, length = num_beams, max_decode_length
     best_case_penalty = length_penalty(length, alpha)
 
-    def body(state: tuple) -> tuple:
-        i, live_tokens, live_scores, done_tokens, done_scores, decode_state, logits = state
+    def extend(i: Array, live_tokens: Array, live_scores: Array, done_tokens: Array, done_scores: Array,
+               logits: Array) -> tuple:  # fmt: skip
+        """Step i of every row's beams -> (live tokens, live scores, done tokens, done scores, the live
+        beams' new tokens [b * k], the rows [b * k] whose caches they continue)."""
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(rows, k, vocab)
         candidates = (live_scores[:, :, None] + forced_tokens(log_probs, i, length, ids)).reshape(rows, -1)
         scores, flat = jax.lax.top_k(candidates, 2 * k)  # [b, 2k]
@@ -61,10 +63,16 @@ def beam_search(
         done_scores, best = jax.lax.top_k(jnp.concatenate([done_scores, finished_scores], axis=1), k)
         done_tokens = _take(jnp.concatenate([done_tokens, sequences], axis=1), best)
         live_scores, best = jax.lax.top_k(jnp.where(tokens == eos_id, -jnp.inf, scores), k)
-        live_tokens = _take(sequences, best)
         source_rows = (jnp.arange(rows)[:, None] * k + _take(parents, best)).reshape(-1)
-        decode_state = take_beams(decode_state, source_rows)
-        logits, decode_state = prefill.step(decode_state, _take(tokens, best).reshape(-1), i)
+        next_tokens = _take(tokens, best).reshape(-1)
+        return _take(sequences, best), live_scores, done_tokens, done_scores, next_tokens, source_rows
+
+    def body(state: tuple) -> tuple:
+        i, live_tokens, live_scores, done_tokens, done_scores, decode_state, logits = state
+        live_tokens, live_scores, done_tokens, done_scores, tokens, source_rows = extend(
+            i, live_tokens, live_scores, done_tokens, done_scores, logits
+        )
+        logits, decode_state = prefill.step(take_beams(decode_state, source_rows), tokens, i)
         return i + 1, live_tokens, live_scores, done_tokens, done_scores, decode_state, logits
 
     def running(state: tuple) -> Array:
@@ -79,5 +87,11 @@ def beam_search(
         jnp.zeros((), jnp.int32), empty, jnp.tile(first_live, (rows, 1)), empty, jnp.full((rows, k), -jnp.inf),
         repeat_rows(prefill.state, k), jnp.repeat(prefill.first_logits, k, axis=0),
     )  # fmt: skip
-    state = jax.lax.while_loop(running, body, state)
-    return state[3], state[4]
+    # The model never runs on the last step's tokens: the loop stops before it, and it is taken after.
+    state = jax.lax.while_loop(lambda state: running(state) & (state[0] < length - 1), body, state)
+    i, live_tokens, live_scores, done_tokens, done_scores, _, logits = state
+    return jax.lax.cond(
+        running(state),
+        lambda: extend(i, live_tokens, live_scores, done_tokens, done_scores, logits)[2:4],
+        lambda: (done_tokens, done_scores),
+    )

@@ -2,7 +2,7 @@
 and picking beams (beam search).
 
 Every leaf of a key/value cache (layers.attention.MultiHeadAttention's 'cache'
-collection) is [..., batch, length, heads, head_dim]: scanned layers add a
+collection) is [..., batch, heads, length, head_dim]: scanned layers add a
 leading layer axis. A row's own inputs (encoder tokens, masks, lengths) are
 [batch, ...].
 """
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 Array = jax.Array
-CACHE_LEAF_RANK = 4  # [batch, length, heads, head_dim]
+CACHE_LEAF_RANK = 4  # [batch, heads, length, head_dim]
 
 
 class DecodeState(NamedTuple):

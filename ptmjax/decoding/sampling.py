@@ -59,8 +59,8 @@ def sample(
         logits = filter_logits(log_probs / temperature, top_k, top_p)
         return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
-    def body(state: tuple) -> tuple:
-        i, tokens, decode_state, logits, finished, scores, key = state
+    def choose_next(i: Array, tokens: Array, logits: Array, finished: Array, scores: Array, key: Array) -> tuple:
+        """Step i's tokens chosen from its logits and recorded -> (tokens, step i's [n], finished, scores, key)."""
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         log_probs = forced_tokens(log_probs, i, max_decode_length, ids)
         key, draw = jax.random.split(key)
@@ -69,8 +69,12 @@ def sample(
         scores = scores + jnp.where(finished, 0.0, token_log_prob)
         token = jnp.where(finished, pad_id, token)
         tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
-        finished = finished | (token == eos_id)
-        logits, decode_state = prefill.step(decode_state, token, i)  # after the last token: computed, not used
+        return tokens, token, finished | (token == eos_id), scores, key
+
+    def body(state: tuple) -> tuple:
+        i, tokens, decode_state, logits, finished, scores, key = state
+        tokens, token, finished, scores, key = choose_next(i, tokens, logits, finished, scores, key)
+        logits, decode_state = prefill.step(decode_state, token, i)
         return i + 1, tokens, decode_state, logits, finished, scores, key
 
     def running(state: tuple) -> Array:
@@ -82,5 +86,12 @@ def sample(
         prefill.first_logits, jnp.zeros((rows,), bool), jnp.zeros((rows,), jnp.float32),
         jax.random.key(0) if rng is None else rng,
     )  # fmt: skip
-    state = jax.lax.while_loop(running, body, state)
-    return state[1], state[5]
+    # The model never runs on the last tokens: the loop stops before them, and they are chosen after it.
+    state = jax.lax.while_loop(lambda state: running(state) & (state[0] < max_decode_length - 1), body, state)
+    i, tokens, _, logits, finished, scores, key = state
+
+    def last_tokens() -> tuple[Array, Array]:
+        last, _, _, last_scores, _ = choose_next(i, tokens, logits, finished, scores, key)
+        return last, last_scores
+
+    return jax.lax.cond(running(state), last_tokens, lambda: (tokens, scores))

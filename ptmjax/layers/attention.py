@@ -25,6 +25,9 @@ from ptmjax.layers.dense import Dense
 Array = jax.Array
 
 HEAD_AXES = ("activation_batch", "activation_length", "activation_heads", "activation_kv")  # [b, l, heads, head_dim]
+# Keys and values (and their caches) are head-major, [b, heads, l, head_dim]: XLA's batched matmuls read
+# them without a transposed copy, which matters most when decoding reads the whole cache every step.
+KV_AXES = ("activation_batch", "activation_heads", "activation_length", "activation_kv")
 NEG_INF = -1e10  # finite, so a fully masked row gives a uniform softmax instead of NaN
 
 
@@ -156,8 +159,8 @@ class MultiHeadAttention(nn.Module):
     [b, heads, q, k]; apply with `mutable=['intermediates']` to read them.
 
     Decoding (`cache` given, apply with `mutable=['cache']`): self-attention
-    writes the call's keys and values at `cache.index` of a [b, cache.length,
-    heads, head_dim] cache and attends to every slot (`bias` [.., q,
+    writes the call's keys and values at `cache.index` of a [b, heads,
+    cache.length, head_dim] cache and attends to every slot (`bias` [.., q,
     cache.length] masks the unwritten ones); `cross_attention=True` projects
     `inputs_kv` (the encoder output) once into the cache, and later calls pass
     `inputs_kv=None` to read it. The first call creates the cache without
@@ -194,24 +197,26 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and inputs_kv is None:  # a later decoding step of cross-attention
             key, value = self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
         else:
-            key = nn.with_logical_constraint(Dense(name="key", **proj)(inputs_kv), HEAD_AXES)  # [b, k, h, d]
-            value = nn.with_logical_constraint(Dense(name="value", **proj)(inputs_kv), HEAD_AXES)  # [b, k, h, d]
+            key, value = (
+                nn.with_logical_constraint(jnp.swapaxes(Dense(name=name, **proj)(inputs_kv), 1, 2), KV_AXES)
+                for name in ("key", "value")
+            )  # [b, h, k, d]
             if cache is not None and self.cross_attention:
                 self.put_variable("cache", "cross_key", key)
                 self.put_variable("cache", "cross_value", value)
             elif cache is not None:
-                key, value = self._write_to_cache(key, value, cache.index)  # [b, cache length, h, d]
+                key, value = self._write_to_cache(key, value, cache.index)  # [b, h, cache length, d]
 
         if self.scale_logits:
             query = query * jnp.asarray(self.head_dim**-0.5, query.dtype)
-        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [b, h, q, k]
+        logits = jnp.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
         if bias is not None:
             logits = logits + jnp.asarray(bias, logits.dtype)
         weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
         self.sow("intermediates", "attention_weights", weights)
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
 
-        context = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d]
+        context = jnp.einsum("bhqk,bhkd->bqhd", weights, value)  # [b, q, h, d]
         context = nn.with_logical_constraint(context, HEAD_AXES)
         out = Dense(
             name="out",
@@ -226,7 +231,7 @@ class MultiHeadAttention(nn.Module):
         return nn.with_logical_constraint(out, ("activation_batch", "activation_length", "activation_embed"))
 
     def _write_to_cache(self, key: Array, value: Array, index: Array) -> tuple[Array, Array]:
-        """Writes key and value [b, q, h, d] at slot `index` of the cache; returns the whole cache.
+        """Writes key and value [b, h, q, d] at slot `index` of the cache; returns the whole cache.
 
         The call that creates the cache (sized by its own length) writes nothing.
         """
@@ -236,7 +241,7 @@ class MultiHeadAttention(nn.Module):
             variable = self.variable("cache", name, jnp.zeros, new.shape, new.dtype)
             if created:
                 new = new.astype(variable.value.dtype)
-                updated = jax.lax.dynamic_update_slice(variable.value, new, (0, index, 0, 0))
-                variable.value = nn.with_logical_constraint(updated, HEAD_AXES)
+                updated = jax.lax.dynamic_update_slice(variable.value, new, (0, 0, index, 0))
+                variable.value = nn.with_logical_constraint(updated, KV_AXES)
             cached.append(variable.value)
         return tuple(cached) if created else (key, value)
