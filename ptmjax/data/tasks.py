@@ -126,7 +126,7 @@ def register_text_files_task(
 ) -> seqio.Task:
     """Span corruption over local text files, one document per line.
 
-    The files are checked before any work (`text_files.TextFilesSource`: empty
+    The files are checked before the first step (`text_files.TextFilesSource`: empty
     or binary files are refused, invalid UTF-8 is counted in a warning).
 
     Args:

@@ -1,4 +1,4 @@
-"""Local text files as a seqio source, one document per line: checked before any work, long lines split.
+"""Local text files as a seqio source, one document per line: checked before the first step, long lines split.
 
 `TextFilesSource.get_dataset` first reads every file it will serve (this host's
 shard of the split), once per process and file version (path, size and
@@ -31,7 +31,7 @@ import tensorflow as tf
 from ptmjax.data import document_pieces
 
 BINARY_FRACTION = 0.3
-_BLOCK_BYTES = 1 << 20
+READ_BLOCK_BYTES = 1 << 20
 _CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\t\n\v\f\r") + b"\x7f"
 _WHITESPACE_BYTES = b" \t\n\v\f\r"
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # what 'surrogateescape' makes of each undecodable byte
@@ -64,7 +64,7 @@ def _scan(path: str, size: int, mtime_nsec: int) -> FileScan:
     undecodable = control = 0
     has_text = False
     with tf.io.gfile.GFile(path, "rb") as f:
-        while block := f.read(_BLOCK_BYTES):
+        while block := f.read(READ_BLOCK_BYTES):
             undecodable += len(_ESCAPED_BYTE.findall(decoder.decode(block)))
             control += len(block) - len(block.translate(None, _CONTROL_BYTES))
             has_text = has_text or bool(block.translate(None, _WHITESPACE_BYTES))

@@ -69,7 +69,7 @@ def test_invalid_utf8_warns_with_the_count_of_undecodable_bytes_and_trains(tmp_p
 
 def test_characters_across_read_blocks_are_not_counted_as_undecodable(tmp_path):
     path = tmp_path / "long.txt"
-    path.write_bytes(b"a" * (text_files._BLOCK_BYTES - 1) + "\u00e9\u4e2d\n".encode() * 3)  # 'é' straddles blocks
+    path.write_bytes(b"a" * (text_files.READ_BLOCK_BYTES - 1) + "\u00e9\u4e2d\n".encode() * 3)  # 'é' straddles blocks
     scan = text_files.scan_text_file(str(path))
     assert (scan.undecodable_bytes, scan.control_bytes, scan.has_text, scan.is_binary) == (0, 0, True, False)
 
