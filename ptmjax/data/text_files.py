@@ -60,6 +60,7 @@ def scan_text_file(path: str) -> FileScan:
 
 @functools.lru_cache(maxsize=4096)
 def _scan(path: str, size: int, mtime_nsec: int) -> FileScan:
+    """One pass over one version of a file; `size` and `mtime_nsec` key the cache, so an edited file is read again."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
     undecodable = control = 0
     has_text = False
