@@ -2,8 +2,9 @@
 
 A directory is what `transformers` writes with `save_pretrained`: config.json
 plus model.safetensors (or pytorch_model.bin, read with `weights_only=True`;
-sharded checkpoints with their *.index.json too). The family comes from
-config.json's `model_type`, the pre-training head from its `architectures`.
+sharded checkpoints with their *.index.json too, whose shards must lie inside
+the directory). The family comes from config.json's `model_type`, the
+pre-training head from its `architectures`.
 Reading needs only safetensors (or torch for .bin files); writing needs
 transformers for the config (`pip install -e ".[hf]"`).
 """
@@ -133,11 +134,21 @@ def _weight_files(path: str) -> list[str]:
         if os.path.exists(os.path.join(path, index)):
             with open(os.path.join(path, index)) as f:
                 shards = sorted(set(json.load(f)["weight_map"].values()))
-            return [os.path.join(path, shard) for shard in shards]
+            return [os.path.join(path, _shard_inside(path, index, shard)) for shard in shards]
     raise FileNotFoundError(
         f"{path} has no {SAFETENSORS}, {SAFETENSORS_INDEX}, {PYTORCH} or {PYTORCH_INDEX}; "
         "point to a directory written by transformers' save_pretrained"
     )
+
+
+def _shard_inside(path: str, index: str, shard: str) -> str:
+    """`shard` as the index names it, refused unless it is a relative path that stays inside the folder."""
+    if os.path.isabs(shard) or os.path.normpath(shard).split(os.sep)[0] == os.pardir:
+        raise ValueError(
+            f"{os.path.join(path, index)} names the shard {shard!r}, outside {path}; a shard must be a file in "
+            "the checkpoint folder: fix the index's weight_map or use a folder you trust"
+        )
+    return shard
 
 
 def _widen(array: np.ndarray) -> np.ndarray:

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 import seqio
 import tensorflow as tf
 
-from ptmjax.data import corpus, vocabularies
+from ptmjax.data import corpus, document_pieces, text_files, vocabularies
 from ptmjax.objectives import language_modeling, masked_lm, permuted_lm, sentence_pairs, span_corruption
 
 STDLIB_TASK = "ptmjax_stdlib_span_corruption"
@@ -113,8 +113,8 @@ def register_stdlib_task(name: str, vocabulary: seqio.Vocabulary) -> seqio.Task:
 
 
 @seqio.map_over_dataset
-def _line_to_text(line: tf.Tensor) -> dict[str, tf.Tensor]:
-    return {"text": line}
+def _document_to_text(document: tf.Tensor) -> dict[str, tf.Tensor]:
+    return {"text": document}
 
 
 def register_text_files_task(
@@ -122,20 +122,26 @@ def register_text_files_task(
     train_pattern: str | Sequence[str],
     validation_pattern: str | Sequence[str] | None = None,
     vocabulary: seqio.Vocabulary | None = None,
+    max_document_bytes: int = document_pieces.DEFAULT_MAX_DOCUMENT_BYTES,
 ) -> seqio.Task:
     """Span corruption over local text files, one document per line.
+
+    The files are checked before the first step (`text_files.TextFilesSource`: empty
+    or binary files are refused, invalid UTF-8 is counted in a warning).
 
     Args:
       name: the task name.
       train_pattern: glob(s) of the 'train' split's files.
       validation_pattern: glob(s) of the 'validation' split (optional).
       vocabulary: defaults to `vocabularies.default_vocabulary()`.
+      max_document_bytes: longer lines are cut into documents of at most this
+        many bytes before tokenising, so memory does not grow with line length.
     """
     splits = {"train": train_pattern}
     if validation_pattern is not None:
         splits["validation"] = validation_pattern
-    source = seqio.TextLineDataSource(splits)
-    preprocessors = [_line_to_text, *span_corruption_preprocessors("text")]
+    source = text_files.TextFilesSource(splits, max_document_bytes)
+    preprocessors = [_document_to_text, *span_corruption_preprocessors("text")]
     return register_task(name, source, preprocessors, vocabulary or vocabularies.default_vocabulary())
 
 

@@ -1,0 +1,61 @@
+"""Model folders are trusted input, but a Hugging Face index may not reach outside its folder."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from ptmjax import cli
+from ptmjax.convert import hf
+from ptmjax.models import GPT2Config
+
+pytest.importorskip("transformers")
+from ptmjax.convert import hf_gpt2  # noqa: E402
+
+GPT2 = GPT2Config(vocab_size=64, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_length=16)
+
+
+@pytest.fixture(scope="module")
+def outside_weights(tmp_path_factory):
+    """A real GPT-2 checkpoint folder, the one a hostile index points into."""
+    directory = tmp_path_factory.mktemp("outside")
+    hf_gpt2.build_hf_model(GPT2).save_pretrained(directory)
+    return directory
+
+
+def folder_with_index(directory, outside_weights, index: str, shard: str) -> str:
+    """A Hugging Face folder whose only weights are those its index names, at `shard`."""
+    os.makedirs(directory)
+    shutil.copy(outside_weights / "config.json", directory / "config.json")
+    (directory / index).write_text(json.dumps({"metadata": {}, "weight_map": {"transformer.wte.weight": shard}}))
+    return str(directory)
+
+
+@pytest.mark.parametrize(
+    "index, shard",
+    [
+        (hf.SAFETENSORS_INDEX, "../outside_weights/model.safetensors"),
+        (hf.SAFETENSORS_INDEX, "shards/../../outside_weights/model.safetensors"),
+        (hf.PYTORCH_INDEX, "ABSOLUTE"),
+    ],
+)
+def test_an_index_naming_a_shard_outside_the_folder_is_refused(tmp_path, outside_weights, index, shard, capsys):
+    os.symlink(outside_weights, tmp_path / "outside_weights")
+    shard = str(outside_weights / "model.safetensors") if shard == "ABSOLUTE" else shard
+    folder = folder_with_index(tmp_path / "hf", outside_weights, index, shard)
+    with pytest.raises(ValueError, match=f"names the shard '{shard}', outside {folder}; a shard must be a file in"):
+        hf.load(folder)
+    assert cli.main(["convert", "--from-hf", folder, "--to", str(tmp_path / "imported")]) == 1
+    assert f"names the shard '{shard}', outside" in capsys.readouterr().err
+    assert not (tmp_path / "imported").exists()  # refused before anything is written
+
+
+def test_an_index_with_shards_inside_the_folder_loads(tmp_path, outside_weights):
+    folder = folder_with_index(tmp_path / "hf", outside_weights, hf.SAFETENSORS_INDEX, "./shard-1.safetensors")
+    shutil.copy(outside_weights / "model.safetensors", tmp_path / "hf" / "shard-1.safetensors")
+    model, params = hf.load(folder)
+    assert model.config == GPT2
+    jax.tree.map(np.testing.assert_array_equal, params, hf.load(str(outside_weights))[1])
