@@ -38,6 +38,7 @@ from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.optimizers import adafactor
+from ptmjax.training.resume_check import check_resumable
 from ptmjax.training.run_spec import RunSpec
 
 
@@ -145,6 +146,7 @@ def train(
     mesh = partitioning.make_mesh(spec.mesh_config)
     _check_vocabulary(model, mixture_or_task_name)
     trainer = spec.trainer(mesh)
+    check_resumable(folder, trainer.abstract_state)  # before config.gin is rewritten
     os.makedirs(folder.path, exist_ok=True)
     checkpointer = folder.checkpointer(max_to_keep=keep_checkpoints)
     primary = multihost.is_primary()
