@@ -45,7 +45,10 @@ def test_resume_after_a_crash_skips_a_torn_line_and_logs_each_replayed_step_once
     kept = records(tmp_path)
     assert [r["step"] for r in kept if "loss" in r] == [1, 2, 3, 4]
     assert [r["step"] for r in kept if "eval_loss" in r] == [2, 4]
-    train_counts, eval_counts = event_counts(tmp_path / "tensorboard" / "train"), event_counts(tmp_path / "tensorboard" / "eval")
+    train_counts, eval_counts = (
+        event_counts(tmp_path / "tensorboard" / "train"),
+        event_counts(tmp_path / "tensorboard" / "eval"),
+    )
     assert {step: n for (tag, step), n in train_counts.items() if tag == "loss"} == {1: 1, 2: 1, 3: 1, 4: 1}
     assert {step: n for (tag, step), n in eval_counts.items() if tag == "loss"} == {2: 1, 4: 1}
     replayed = tensorboard_scalars(tmp_path / "tensorboard" / "train")["loss"][3]

@@ -14,7 +14,7 @@ from ptmjax.training.run_lock import RunDirInUse, holding_run_lock
 
 HOLD_LOCK = (
     "import sys, time; from ptmjax.training.run_lock import holding_run_lock; "
-    "holding_run_lock(sys.argv[1]).__enter__(); print('locked', flush=True); time.sleep(600)"
+    "lock = holding_run_lock(sys.argv[1]); lock.__enter__(); print('locked', flush=True); time.sleep(600)"
 )
 
 

@@ -27,11 +27,17 @@ def text_task(tmp_path, name, validation_text=None):
 @pytest.mark.parametrize(
     ("validation_text", "message"),
     [
-        (None, "'reliability_b_{}' has no 'validation' split, which the run evaluates on every train.eval_every "
-               "steps and at the end; register it with one (e.g. register_text_files_task.validation_pattern); "
-               "its splits: train"),
-        ("", "the 'validation' split of 'reliability_b_{}' yields no examples, and the run evaluates on every "
-             "train.eval_every steps and at the end; add data to it (are its files empty?)"),
+        (
+            None,
+            "'reliability_b_{}' has no 'validation' split, which the run evaluates on every train.eval_every "
+            "steps and at the end; register it with one (e.g. register_text_files_task.validation_pattern); "
+            "its splits: train",
+        ),
+        (
+            "",
+            "the 'validation' split of 'reliability_b_{}' yields no examples, and the run evaluates on every "
+            "train.eval_every steps and at the end; add data to it (are its files empty?)",
+        ),
     ],
     ids=["missing", "empty"],
 )
