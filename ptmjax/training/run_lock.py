@@ -71,7 +71,7 @@ def holding_run_lock(model_dir: str) -> Iterator[None]:
         except RunDirInUse as error:
             refusal = error
     if jax.process_count() > 1:
-        locked = bool(multihost_utils.broadcast_one_to_all(np.array(refusal is None)))
+        locked = bool(multihost_utils.broadcast_one_to_all(np.array(refusal is None, np.int32)))
         if not locked and refusal is None:
             raise RunDirInUse(f"process 0 could not lock {folder.path}: another run uses it (see process 0's error)")
     if refusal is not None:
@@ -132,9 +132,7 @@ def _read(path: str) -> LockOwner | None:
     try:
         with open(path) as f:
             return LockOwner(**json.load(f))
-    except FileNotFoundError:
-        return None
-    except (ValueError, TypeError):
+    except (FileNotFoundError, ValueError, TypeError):
         return None
 
 
