@@ -7,6 +7,7 @@ MODEL_DIR/
   tokenizer/             (imports only) the Hugging Face tokenizer files
   generation.json        (imports only) the generation ids: decoder start, EOS, pad, BOS
   metrics.jsonl, tensorboard/, loss_curve.png    (runs only)
+  run.lock               (while a run trains) its host and pid, see ptmjax/training/run_lock.py
 ```
 
 Paths are made absolute once, here: Orbax refuses relative ones. Reading a
@@ -30,6 +31,7 @@ from ptmjax.training.checkpoints import Checkpointer, saved_state_metadata
 CONFIG_FILE = "config.gin"
 CHECKPOINTS = "checkpoints"
 TOKENIZER = "tokenizer"
+LOCK_FILE = "run.lock"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,10 @@ class ModelDir:
     @property
     def tokenizer_path(self) -> str:
         return os.path.join(self.path, TOKENIZER)
+
+    @property
+    def lock_path(self) -> str:
+        return os.path.join(self.path, LOCK_FILE)
 
     @property
     def generation_path(self) -> str:

@@ -31,6 +31,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Shard
 from ptmjax import gin_files, partitioning
 from ptmjax.model_dir import ModelDir, saved_mesh_shape
 from ptmjax.training.model_api import model_api
+from ptmjax.tree_paths import leaves_by_path, path_name, shapes_by_path
 
 OPT_STATE = "opt_state"
 TOTAL = "total"
@@ -215,7 +216,7 @@ def inspect_arrays(params: Any, logical_axes: Any = None, opt_state: Any = None,
     """
     names = _logical_by_path(params, logical_axes)
     mirrors = _mirror_table(params, names, opt_state_mirrors)
-    leaves = _leaves(params) + [(f"{OPT_STATE}/{p}", v) for p, v in _leaves(opt_state)]
+    leaves = leaves_by_path(params) + [(f"{OPT_STATE}/{p}", v) for p, v in leaves_by_path(opt_state)]
     rows, mesh_shape = [], None
     for path, value in leaves:
         if not isinstance(value, jax.Array):
@@ -243,7 +244,7 @@ def inspect_layout(abstract_params: Any, logical_axes: Any, mesh: Mesh | Abstrac
     partitioning.validate_rules(rules)
     names = _logical_by_path(abstract_params, logical_axes)
     rows, mirrors = [], _mirror_table(abstract_params, names, opt_state_mirrors)
-    leaves = _leaves(abstract_params) + [(f"{OPT_STATE}/{p}", v) for p, v in _leaves(abstract_opt_state)]
+    leaves = leaves_by_path(abstract_params) + [(f"{OPT_STATE}/{p}", v) for p, v in leaves_by_path(abstract_opt_state)]
     for path, value in leaves:
         axes = _mirrored_axes(path, tuple(value.shape), names, mirrors)
         spec = nn.logical_to_mesh_axes(axes, rules) if axes is not None else PartitionSpec()
@@ -306,35 +307,13 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
 
 
 def _check_same_shapes(model_params: Any, saved_params: Any, model_dir: str) -> None:
-    want, got = _shapes(model_params), _shapes(saved_params)
+    want, got = shapes_by_path(model_params), shapes_by_path(saved_params)
     if want != got:
         diff = sorted(set(want.items()) ^ set(got.items()))[:4]
         raise ValueError(
             f"the checkpoint in {model_dir} does not match the model its config.gin builds "
             f"(first differences, path and shape: {diff}); was config.gin edited after the run?"
         )
-
-
-def _leaves(tree: Any) -> list[tuple[str, Any]]:
-    if tree is None:
-        return []
-    return [(_path(p), v) for p, v in jax.tree_util.tree_leaves_with_path(tree)]
-
-
-def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-    return {p: tuple(v.shape) for p, v in _leaves(tree)}
-
-
-def _path(keys: tuple[Any, ...]) -> str:
-    parts = []
-    for key in keys:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
 
 
 def _module(path: str) -> str:
@@ -350,8 +329,8 @@ def _logical_by_path(params: Any, logical_axes: Any) -> dict[str, tuple[str | No
     if logical_axes is None:
         return {}
     flat = jax.tree_util.tree_leaves_with_path(logical_axes, is_leaf=_is_axes)
-    names = {_path(p): tuple(v) for p, v in flat if v is not None}
-    missing = [p for p, _ in _leaves(params) if p not in names]
+    names = {path_name(p): tuple(v) for p, v in flat if v is not None}
+    missing = [p for p, _ in leaves_by_path(params) if p not in names]
     if missing:
         raise ValueError(
             f"logical_axes has no entry for {missing[:3]} (of {len(missing)}); pass the logical "
@@ -365,7 +344,7 @@ def _mirror_table(params: Any, names: Mapping[str, tuple[str | None, ...]],
     """Path -> (shape, logical names) of the parameters that optimizer-state leaves may mirror."""
     if opt_state_mirrors is not None:
         params, names = opt_state_mirrors[0], _logical_by_path(*opt_state_mirrors)
-    return {path: (shape, names[path]) for path, shape in _shapes(params).items() if path in names}
+    return {path: (shape, names[path]) for path, shape in shapes_by_path(params).items() if path in names}
 
 
 def _mirrored_axes(path: str, shape: tuple[int, ...], names: Mapping[str, tuple[str | None, ...]],

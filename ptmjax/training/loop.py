@@ -38,7 +38,10 @@ from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.optimizers import adafactor
+from ptmjax.training.resume_check import check_resumable
+from ptmjax.training.run_lock import locks_model_dir
 from ptmjax.training.run_spec import RunSpec
+from ptmjax.training.split_check import check_run_splits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +56,7 @@ class TrainResult:
     files: dict[str, str]
 
 
+@locks_model_dir
 @gin.configurable(denylist=["model_dir"])
 def train(
     model_dir: str,
@@ -145,6 +149,8 @@ def train(
     mesh = partitioning.make_mesh(spec.mesh_config)
     _check_vocabulary(model, mixture_or_task_name)
     trainer = spec.trainer(mesh)
+    check_resumable(folder, trainer.abstract_state)  # before config.gin is rewritten
+    check_run_splits(mixture_or_task_name, task_feature_lengths, trainer.api.family.feature_converter, pack)
     os.makedirs(folder.path, exist_ok=True)
     checkpointer = folder.checkpointer(max_to_keep=keep_checkpoints)
     primary = multihost.is_primary()
@@ -238,6 +244,9 @@ def train(
                 train_loss = metrics["loss"]
                 speed = {"tok_s": f"{metrics['tokens_per_s']:.0f}"} if "tokens_per_s" in metrics else {}
                 bar.set_postfix(loss=f"{train_loss:.3f}", **speed)
+            stop = stop_after(done)
+            if done % checkpoint_every == 0 or done == num_steps or stop:  # before evaluating, which may fail
+                checkpointer.save(done, state, train_iter.state())
             if done % eval_every == 0 or done == num_steps:
                 eval_start = time.perf_counter()
                 eval_metrics = evaluate(state.params)
@@ -254,9 +263,6 @@ def train(
                     note = f" (best {best_checkpoint_metric}: saved to {best.folder.path})"
                 bar.write(f"step {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in task_metrics.items()) + note)
                 last_time += time.perf_counter() - eval_start
-            stop = stop_after(done)
-            if done % checkpoint_every == 0 or done == num_steps or stop:
-                checkpointer.save(done, state, train_iter.state())
             if stop:
                 preempted = True
                 bar.write(f"SIGTERM: saved step {done}; rerun the same command to resume")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
+
+from ptmjax.training.tensorboard_events import drop_steps_after
 
 EVAL_PREFIX = "eval_"
 
@@ -18,7 +21,10 @@ class MetricsLog:
     TensorBoard gets two runs, `tensorboard/train` and `tensorboard/eval`, with
     the same tags (an eval key loses its prefix), so that `loss` or `accuracy`
     of both overlay in one chart.
-    Reading the file back on resume keeps the loss curve continuous.
+    Reading the file back on resume keeps the loss curve continuous. A resume
+    first drops the records of steps it will replay, from both, rewriting the
+    files through a temporary file and a rename, so a crash keeps every record
+    of the steps it keeps. A torn last line (a crash mid-write) is skipped with a warning.
     With `read_only` (every process but the first of a multi-host run) it
     reads the files but writes nothing.
     """
@@ -51,16 +57,31 @@ class MetricsLog:
         if not os.path.exists(self.jsonl_path):
             return []
         with open(self.jsonl_path) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+            lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
+        records = []
+        for number, line in lines:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                if number != lines[-1][0]:
+                    raise ValueError(
+                        f"{self.jsonl_path} line {number} is not JSON ({error}); fix or delete that line"
+                    ) from None
+                warnings.warn(f"skipped the torn last line {number} of {self.jsonl_path} (a crash mid-write)",
+                              stacklevel=2)  # fmt: skip
         return [r for r in records if up_to_step is None or r["step"] <= up_to_step]
 
     def truncate_after(self, step: int) -> None:
-        """Drops records past `step`: a resumed run replays those steps."""
+        """Drops records past `step` (a resumed run replays those steps) from metrics.jsonl and TensorBoard."""
         if self.read_only:
             return
         kept = self.records(up_to_step=step)
-        with open(self.jsonl_path, "w") as f:
+        partial = self.jsonl_path + ".tmp"
+        with open(partial, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(partial, self.jsonl_path)
+        for run in ("train", "eval"):
+            drop_steps_after(os.path.join(self._tb_dir, run), step)
 
     def plot(self) -> str:
         """Draws train and eval loss against step into loss_curve.png; returns its path."""

@@ -1,0 +1,32 @@
+"""Before a run resumes: the model and optimizer it builds must be those its newest checkpoint holds."""
+
+from __future__ import annotations
+
+from ptmjax.model_dir import ModelDir
+from ptmjax.training.train_state import TrainState
+from ptmjax.tree_paths import shapes_by_path
+
+SHOWN = 3  # differences named in the message
+
+
+def check_resumable(folder: ModelDir, abstract_state: TrainState) -> None:
+    """Raises a ValueError naming the differing paths and shapes when `folder`'s newest checkpoint was saved
+    from another model or optimizer; reads only the checkpoint's metadata and writes nothing."""
+    if not folder.saved_steps():
+        return
+    saved = folder.state_metadata()
+    there = shapes_by_path({"params": saved.get("params"), "opt_state": saved.get("opt_state")})
+    here = shapes_by_path({"params": abstract_state.params, "opt_state": abstract_state.opt_state})
+    differences = [
+        f"{path} is {there.get(path, 'absent')} there, {here.get(path, 'absent')} here"
+        for path in sorted(there.keys() | here.keys(), key=lambda p: (not p.startswith("params/"), p))
+        if there.get(path) != here.get(path)
+    ]
+    if not differences:
+        return
+    more = f" and {len(differences) - SHOWN} more" if len(differences) > SHOWN else ""
+    raise ValueError(
+        f"{folder.checkpoints_path} (step {folder.checkpoint_step()}) holds another model or optimizer than this "
+        f"config builds: {'; '.join(differences[:SHOWN])}{more}. Nothing was written: train this config in a new "
+        f"--model_dir, or resume this run with its own config ({folder.config_path})"
+    )

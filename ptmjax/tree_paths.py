@@ -1,0 +1,32 @@
+"""Naming the leaves of a pytree by 'a/b/0/c' paths, alike for live arrays and a checkpoint's saved metadata."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+
+def leaves_by_path(tree: Any) -> list[tuple[str, Any]]:
+    """[(path, leaf)] of `tree` (none for None)."""
+    if tree is None:
+        return []
+    return [(path_name(p), v) for p, v in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
+    """{path: shape} of `tree`'s array leaves (arrays, ShapeDtypeStructs or saved ArrayMetadata)."""
+    return {p: tuple(v.shape) for p, v in leaves_by_path(tree)}
+
+
+def path_name(keys: tuple[Any, ...]) -> str:
+    """'encoder/layers_0/kernel' of a key path: dict keys, attribute names and indices alike."""
+    parts = []
+    for key in keys:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)

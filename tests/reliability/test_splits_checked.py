@@ -1,0 +1,68 @@
+"""Every split a run reads is checked before the first step, and a step's checkpoint is saved before it is
+evaluated."""
+
+import os
+
+import gin
+import pytest
+from reliability_helpers_b import records, run
+
+from ptmjax.data import tasks
+from ptmjax.model_dir import ModelDir
+from ptmjax.training import run_spec
+from ptmjax.training.trainer import Trainer
+
+LINES = "\n".join(f"Line {i} of a small local corpus about packing, sharding and checkpoints." for i in range(200))
+
+
+def text_task(tmp_path, name, validation_text=None):
+    (tmp_path / "train.txt").write_text(LINES)
+    validation = None
+    if validation_text is not None:
+        validation = str(tmp_path / "valid.txt")
+        (tmp_path / "valid.txt").write_text(validation_text)
+    return tasks.register_text_files_task(name, str(tmp_path / "train.txt"), validation)
+
+
+@pytest.mark.parametrize(
+    ("validation_text", "message"),
+    [
+        (
+            None,
+            "'reliability_b_{}' has no 'validation' split, which the run evaluates on every train.eval_every "
+            "steps and at the end; register it with one (e.g. register_text_files_task.validation_pattern); "
+            "its splits: train",
+        ),
+        (
+            "",
+            "the 'validation' split of 'reliability_b_{}' yields no examples, and the run evaluates on every "
+            "train.eval_every steps and at the end; add data to it (are its files empty?)",
+        ),
+    ],
+    ids=["missing", "empty"],
+)
+def test_a_missing_or_empty_validation_split_fails_before_any_step(tmp_path, validation_text, message):
+    name = f"reliability_b_{'missing' if validation_text is None else 'empty'}"
+    task = text_task(tmp_path, name, validation_text)
+    model_dir = tmp_path / "run"
+    with pytest.raises(ValueError) as error:
+        run(model_dir, num_steps=20, mixture_or_task_name=task, eval_every=20)
+    assert str(error.value).splitlines()[0] == message.format(name.removeprefix("reliability_b_"))
+    assert not model_dir.exists()  # no config, no checkpoint, no metrics: nothing to clean up
+
+
+def test_a_failed_evaluation_keeps_the_checkpoint_of_its_step(tmp_path, monkeypatch):
+    class EvaluationFails(Trainer):
+        def eval_stats(self, *args):
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while evaluating")
+
+    monkeypatch.setattr(run_spec, "Trainer", EvaluationFails)
+    gin.bind_parameter("Checkpointer.asynchronous", False)  # the save is on disk when train() returns or raises
+    try:
+        with pytest.raises(RuntimeError, match="out of memory while evaluating"):
+            run(tmp_path, num_steps=2)
+    finally:
+        gin.clear_config()
+    assert ModelDir(str(tmp_path)).saved_steps() == [2]
+    assert [r["step"] for r in records(tmp_path)] == [1, 2]  # the train records of both steps
+    assert os.path.isfile(tmp_path / "config.gin")
