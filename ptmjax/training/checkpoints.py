@@ -111,8 +111,8 @@ class Checkpointer:
 
     def check_for_errors(self) -> None:
         """Raises CheckpointSaveError if a background save has failed; returns at once otherwise."""
-        with self._surfacing_save_errors():
-            self._manager.check_for_errors()
+        if not self._manager.is_saving_in_progress():
+            self.wait()  # nothing to wait for: raises the error a finished save left, if any
 
     def restore(
         self, abstract_state: TrainState, shardings: TrainState, step: int | None = None

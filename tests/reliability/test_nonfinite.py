@@ -5,8 +5,14 @@ import re
 import jax.numpy as jnp
 import pytest
 from reliability_helpers_a import (
-    all_finite, assert_trees_equal, poison_steps, records, run, saved_checkpoint, saved_steps,
-)  # fmt: skip
+    all_finite,
+    assert_trees_equal,
+    poison_steps,
+    records,
+    run,
+    saved_checkpoint,
+    saved_steps,
+)
 
 from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.nonfinite import NonFiniteError, NonFiniteMonitor, NonFinitePolicy
