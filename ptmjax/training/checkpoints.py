@@ -1,6 +1,9 @@
 """Orbax checkpoints of the train state together with the data position.
 
-Saves are asynchronous; the last `max_to_keep` are kept. A checkpoint holds
+Saves are asynchronous; the last `max_to_keep` are kept, and any step marked
+with `keep` (listed in `kept_steps.json` beside them) as well. A background
+save that failed raises `CheckpointSaveError` at the next `check_for_errors`,
+`save`, `wait` or `close`. A checkpoint holds
 two items: `state` (the sharded TrainState, written with TensorStore) and
 `data` (JSON: how many batches the input pipeline has produced), so that a
 resumed run reads exactly the batches it would have read. Restoring takes
@@ -10,7 +13,10 @@ other (Orbax reshards on read).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import gin
@@ -19,6 +25,22 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from ptmjax.training.train_state import TrainState
+
+KEPT_STEPS_FILE = "kept_steps.json"
+
+
+class CheckpointSaveError(ValueError):
+    """A checkpoint could not be written (a ValueError, so `ptmjax train` prints it as one line)."""
+
+
+class _KeptSteps(ocp.checkpoint_managers.PreservationPolicy):
+    """Preserves the steps in a set that may grow while the manager runs."""
+
+    def __init__(self, steps: set[int]):
+        self.steps = steps
+
+    def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
+        return [checkpoint.step in self.steps for checkpoint in checkpoints]
 
 
 @gin.configurable
@@ -36,13 +58,19 @@ class Checkpointer:
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = os.path.abspath(directory)
+        self._kept = _KeptSteps(set(self._read_kept_steps()))
+        retention = {} if read_only else {
+            "preservation_policy": ocp.checkpoint_managers.AnyPreservationPolicy(
+                [ocp.checkpoint_managers.LatestN(max_to_keep), self._kept]
+            )
+        }  # fmt: skip
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep, enable_async_checkpointing=asynchronous, create=not read_only,
-                read_only=read_only,
+                enable_async_checkpointing=asynchronous, create=not read_only, read_only=read_only, **retention
             ),
         )
+        self._saving_step: int | None = None  # the step of the newest save started
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step, or None."""
@@ -51,15 +79,40 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
+    @property
+    def kept_steps(self) -> list[int]:
+        """The steps marked with `keep`."""
+        return sorted(self._kept.steps)
+
+    def keep(self, step: int) -> None:
+        """Keeps `step` out of rotation: `max_to_keep` never deletes it (recorded in kept_steps.json)."""
+        self._kept.steps.add(step)
+        if jax.process_index() == 0:
+            with open(os.path.join(self.directory, KEPT_STEPS_FILE), "w") as f:
+                json.dump(self.kept_steps, f)
+
+    def reload(self) -> None:
+        """Rereads which steps are on disk (after a step folder was moved)."""
+        self._manager.reload()
+
     def save(self, step: int, state: TrainState, data_state: dict[str, Any]) -> None:
-        """Starts saving; returns while the write finishes in the background."""
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
-            ),
-            force=True,
-        )
+        """Starts saving (once the previous save is done); returns while the write finishes in the background."""
+        self.wait()
+        self._saving_step = step
+        with self._surfacing_save_errors():
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
+                ),
+                force=True,
+            )
+        self._saving_step = step
+
+    def check_for_errors(self) -> None:
+        """Raises CheckpointSaveError if a background save has failed; returns at once otherwise."""
+        if not self._manager.is_saving_in_progress():
+            self.wait()  # nothing to wait for: raises the error a finished save left, if any
 
     def restore(
         self, abstract_state: TrainState, shardings: TrainState, step: int | None = None
@@ -78,6 +131,21 @@ class Checkpointer:
             ),
         )
         return restored["state"], dict(restored["data"])
+
+    def read_back(self, step: int) -> dict[str, Any]:
+        """{'state': numpy tree, 'data': data position} of `step` as saved, read onto the host without a model;
+        raises if any of its files is missing or unreadable. Closes this Checkpointer."""
+        try:
+            metadata = saved_state_metadata(os.path.join(self.directory, str(step), "state"))
+            as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+            return self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.PyTreeRestore(restore_args=as_numpy), data=ocp.args.JsonRestore()
+                ),
+            )
+        finally:
+            self.close()
 
     def save_params(self, step: int, params: Any) -> None:
         """Saves parameters alone (an imported model): a `state` item {'step', 'params'} and data position 0."""
@@ -117,11 +185,40 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Blocks until pending saves are on disk."""
-        self._manager.wait_until_finished()
+        with self._surfacing_save_errors():
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Waits for pending saves and shuts Orbax's background threads down, also when a save failed."""
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
+
+    @contextlib.contextmanager
+    def _surfacing_save_errors(self) -> Iterator[None]:
+        """Turns the error of a failed background save into a CheckpointSaveError naming the step."""
+        try:
+            yield
+        except CheckpointSaveError:
+            raise
+        except Exception as error:
+            if self._saving_step is None:
+                raise
+            step, self._saving_step = self._saving_step, None
+            detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise CheckpointSaveError(
+                f"saving the checkpoint of step {step} to {self.directory} failed ({type(error).__name__}: "
+                f"{detail}); make the folder writable (and check free space), then rerun the same command to "
+                "resume from the newest checkpoint saved"
+            ) from error
+
+    def _read_kept_steps(self) -> list[int]:
+        path = os.path.join(self.directory, KEPT_STEPS_FILE)
+        if not os.path.isfile(path):
+            return []
+        with open(path) as f:
+            return [int(step) for step in json.load(f)]
 
 
 def saved_state_metadata(state_dir: str) -> dict[str, Any]:

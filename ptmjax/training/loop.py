@@ -10,6 +10,7 @@ Run as several processes (one per host), every process runs it alike; see
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import itertools
@@ -34,9 +35,12 @@ from ptmjax.model_dir import ModelDir
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 from ptmjax.training import multihost
 from ptmjax.training.best_checkpoint import BestCheckpoint
+from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.training.damaged_checkpoints import restore_newest_intact
 from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
+from ptmjax.training.nonfinite import NonFiniteMonitor, NonFinitePolicy
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.resume_check import check_resumable
 from ptmjax.training.run_lock import locks_model_dir
@@ -85,6 +89,7 @@ def train(
     decode_config: DecodeConfig | None = None,
     best_checkpoint_metric: str | None = None,
     best_checkpoint_mode: str = "max",
+    nonfinite_policy: NonFinitePolicy | None = None,
 ) -> TrainResult:
     """Pre-trains `model` on a seqio mixture; resumes from `model_dir`.
 
@@ -128,6 +133,9 @@ def train(
         parameters of the step with its best value are kept in MODEL_DIR/best/
         (see ptmjax/training/best_checkpoint.py); None keeps none.
       best_checkpoint_mode: 'max' or 'min': which value is best.
+      nonfinite_policy: what a step with a non-finite loss, gradient norm or
+        state does (default: NonFinitePolicy() with its gin bindings: stop
+        with an error naming the step); see ptmjax/training/nonfinite.py.
     """
     mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
     inference_eval_every = eval_every if inference_eval_every is None else inference_eval_every
@@ -164,7 +172,7 @@ def train(
             _keep_import_tokenizer(ModelDir(init_checkpoint), folder, mixture_or_task_name)
 
     if checkpointer.latest_step() is not None:
-        state, data_state = checkpointer.restore(trainer.abstract_state, trainer.state_shardings)
+        state, data_state = restore_newest_intact(checkpointer, trainer.abstract_state, trainer.state_shardings)
         print(f"Resumed from step {int(state.step)} in {checkpointer.directory}")
     else:
         state, data_state = trainer.init_state(jax.random.key(seed)), {"batches_consumed": 0}
@@ -216,10 +224,11 @@ def train(
         return {f"eval_{k}": float(v) for k, v in jax.device_get(total.metrics()).items()}
 
     dropout_rng = jax.random.key(seed + 1)
+    nonfinite = NonFiniteMonitor(nonfinite_policy or NonFinitePolicy())
     tokens_per_step = None  # the model's input tokens per global batch, read off the first batch
     train_loss, eval_metrics, task_metrics, preempted = None, {}, {}, False
     last_time, last_step = None, start  # timing starts once the first step (and its compile) is done
-    with multihost.stop_on_sigterm() as stop_after, tqdm(
+    with contextlib.closing(checkpointer), multihost.stop_on_sigterm() as stop_after, tqdm(
         total=num_steps, initial=start, disable=not (show_progress and primary), unit="step", dynamic_ncols=True
     ) as bar:
         for step in range(start, num_steps):
@@ -230,12 +239,16 @@ def train(
             batch = partitioning.global_batch(host_batch, mesh)
             state, metrics = trainer.train_step(state, batch, dropout_rng)
             done = step + 1
+            nonfinite.add(done, metrics)
+            checkpointer.check_for_errors()  # a failed background save stops the run here, not minutes later
             bar.update(1)
             if last_time is None:  # the first step compiled: step times start after it
                 jax.block_until_ready(metrics)
                 last_time, last_step = time.perf_counter(), done
             if done % log_every == 0 or done == num_steps:
+                nonfinite.check()
                 metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                metrics.update(nonfinite.skipped_since_last_call())
                 if done > last_step:  # a record of the first step itself has no step time
                     metrics["step_time_s"] = (time.perf_counter() - last_time) / (done - last_step)
                     metrics["tokens_per_s"] = tokens_per_step / metrics["step_time_s"]
@@ -246,7 +259,7 @@ def train(
                 bar.set_postfix(loss=f"{train_loss:.3f}", **speed)
             stop = stop_after(done)
             if done % checkpoint_every == 0 or done == num_steps or stop:  # before evaluating, which may fail
-                checkpointer.save(done, state, train_iter.state())
+                _save_if_finite(checkpointer, nonfinite, done, state, train_iter.state())
             if done % eval_every == 0 or done == num_steps:
                 eval_start = time.perf_counter()
                 eval_metrics = evaluate(state.params)
@@ -268,7 +281,6 @@ def train(
                 bar.write(f"SIGTERM: saved step {done}; rerun the same command to resume")
                 break
 
-    checkpointer.close()
     if best is not None:
         best.close()
     log.close()
@@ -297,6 +309,19 @@ def run_spec_from_gin() -> RunSpec:
             )
     defaults = {name: p.default for name, p in inspect.signature(train).parameters.items()}
     return RunSpec(**{f.name: bound.get(f.name, defaults[f.name]) for f in dataclasses.fields(RunSpec)})
+
+
+def _save_if_finite(
+    checkpointer: Checkpointer, nonfinite: NonFiniteMonitor, step: int, state, data_state: dict[str, int]
+) -> None:
+    """Saves `step` once its steps are known finite (else NonFiniteError); after a skipped step, the newest
+    checkpoint before the first one is kept out of rotation."""
+    nonfinite.check()
+    first_skipped = nonfinite.first_skipped_step
+    good = [s for s in checkpointer.all_steps() if first_skipped is not None and s < first_skipped]
+    if good and max(good) not in checkpointer.kept_steps:
+        checkpointer.keep(max(good))
+    checkpointer.save(step, state, data_state)
 
 
 def _check_positive(**values: int) -> None:

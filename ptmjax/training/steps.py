@@ -31,6 +31,7 @@ from ptmjax import partitioning
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.model_api import Batch, ModelApi
 from ptmjax.training.model_losses import Stats
+from ptmjax.training.nonfinite import FINITE
 from ptmjax.training.train_state import TrainState
 
 
@@ -43,7 +44,9 @@ def make_train_step(
     Gradients of the summed loss are accumulated over `num_microbatches`
     slices of the batch and divided once by the normaliser, so accumulation
     gives the same update as one large batch. Sown auxiliary losses are added
-    once per batch (see the module docstring).
+    once per batch (see the module docstring). A step whose loss, gradient norm
+    or new state is not finite keeps the old parameters and optimizer state
+    and reports metrics[FINITE] = False (see ptmjax/training/nonfinite.py).
     """
 
     loss_weights = api.family.loss_weights
@@ -92,9 +95,20 @@ def make_train_step(
         metrics = stats.metrics()
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]) & _all_finite((params, opt_state))
+        params, opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old), (params, opt_state), (state.params, state.opt_state)
+        )
+        metrics[FINITE] = finite
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return train_step
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    """Whether every floating-point entry of `tree` is finite."""
+    leaves = [leaf for leaf in jax.tree.leaves(tree) if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in leaves]))
 
 
 def make_eval_step(
