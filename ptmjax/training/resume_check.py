@@ -11,10 +11,16 @@ SHOWN = 3  # differences named in the message
 
 def check_resumable(folder: ModelDir, abstract_state: TrainState) -> None:
     """Raises a ValueError naming the differing paths and shapes when `folder`'s newest checkpoint was saved
-    from another model or optimizer; reads only the checkpoint's metadata and writes nothing."""
-    if not folder.saved_steps():
+    from another model or optimizer; reads only the checkpoint's metadata and writes nothing. A checkpoint whose
+    metadata does not read is skipped: it is damaged, and `damaged_checkpoints` sets it aside when the run resumes."""
+    for step in sorted(folder.saved_steps(), reverse=True):
+        try:
+            saved = folder.state_metadata(step)
+            break
+        except (OSError, ValueError):
+            continue
+    else:
         return
-    saved = folder.state_metadata()
     there = shapes_by_path({"params": saved.get("params"), "opt_state": saved.get("opt_state")})
     here = shapes_by_path({"params": abstract_state.params, "opt_state": abstract_state.opt_state})
     differences = [
@@ -26,7 +32,7 @@ def check_resumable(folder: ModelDir, abstract_state: TrainState) -> None:
         return
     more = f" and {len(differences) - SHOWN} more" if len(differences) > SHOWN else ""
     raise ValueError(
-        f"{folder.checkpoints_path} (step {folder.checkpoint_step()}) holds another model or optimizer than this "
+        f"{folder.checkpoints_path} (step {step}) holds another model or optimizer than this "
         f"config builds: {'; '.join(differences[:SHOWN])}{more}. Nothing was written: train this config in a new "
         f"--model_dir, or resume this run with its own config ({folder.config_path})"
     )

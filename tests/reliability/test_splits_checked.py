@@ -29,14 +29,14 @@ def text_task(tmp_path, name, validation_text=None):
     [
         (
             None,
-            "'reliability_b_{}' has no 'validation' split, which the run evaluates on every train.eval_every "
+            "'reliability_b_{name}' has no 'validation' split, which the run evaluates on every train.eval_every "
             "steps and at the end; register it with one (e.g. register_text_files_task.validation_pattern); "
             "its splits: train",
         ),
         (
             "",
-            "the 'validation' split of 'reliability_b_{}' yields no examples, and the run evaluates on every "
-            "train.eval_every steps and at the end; add data to it (are its files empty?)",
+            "the 'validation' files hold no text (empty or blank): {valid}; point the 'validation' pattern at UTF-8 "
+            "text files, one document per line",  # a text-files task's own check (data/text_files.py) comes first
         ),
     ],
     ids=["missing", "empty"],
@@ -47,7 +47,8 @@ def test_a_missing_or_empty_validation_split_fails_before_any_step(tmp_path, val
     model_dir = tmp_path / "run"
     with pytest.raises(ValueError) as error:
         run(model_dir, num_steps=20, mixture_or_task_name=task, eval_every=20)
-    assert str(error.value).splitlines()[0] == message.format(name.removeprefix("reliability_b_"))
+    expected = message.format(name=name.removeprefix("reliability_b_"), valid=tmp_path / "valid.txt")
+    assert str(error.value).splitlines()[0] == expected
     assert not model_dir.exists()  # no config, no checkpoint, no metrics: nothing to clean up
 
 
