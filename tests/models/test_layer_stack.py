@@ -115,6 +115,7 @@ ENCODER_FAMILY = {  # BART and the encoder family; ALBERT shares one layer's par
     "albert": (Albert, ALBERT),
     "albert_2_groups_of_2": (Albert, dataclasses.replace(ALBERT, num_layers=4, num_layer_groups=2)),
 }  # fmt: skip
+SLOW_SCANS = ("mbart", "bert")  # -m slow: their scanned stacks are BART's and ALBERT's, tested by default
 ELECTRA = ElectraConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16, embedding_size=8,
                         dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
 
@@ -147,7 +148,9 @@ def encoder_family_outputs_and_grads(name: str, remat_policy: str = "none", scan
 
 @pytest.mark.parametrize(
     "name,remat_policy,scan_layers",
-    [("bart", "full", False), ("albert", "full", False), *((name, "none", True) for name in ENCODER_FAMILY),
+    [("bart", "full", False), ("albert", "full", False),
+     *(pytest.param(name, "none", True, marks=[pytest.mark.slow] if name in SLOW_SCANS else [])
+       for name in ENCODER_FAMILY),
      ("bart", "full", True), ("albert_2_groups_of_2", "full", True)],
 )  # fmt: skip
 def test_remat_and_scan_keep_bart_and_encoder_outputs_and_gradients(name, remat_policy, scan_layers):

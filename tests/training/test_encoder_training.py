@@ -90,7 +90,7 @@ def test_first_step_follows_mlm_plus_nsp_gradient(padding_row):
 
 @pytest.mark.parametrize(
     "mesh_config,num_microbatches",
-    [(MeshConfig(data=2, fsdp=2, tensor=2), 1), (MeshConfig(data=4, tensor=2), 2)],
+    [(MeshConfig(data=2, fsdp=2, tensor=2), 1), pytest.param(MeshConfig(data=4, tensor=2), 2, marks=pytest.mark.slow)],
     ids=["data2_fsdp2_tensor2", "data4_tensor2_microbatches2"],
 )
 def test_sharded_and_accumulated_runs_match_single_device(mesh_config, num_microbatches):

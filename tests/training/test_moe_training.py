@@ -140,7 +140,8 @@ GPT2_SCANNED = dataclasses.replace(GPT2_CONFIG, scan_layers=True, remat_policy="
 @pytest.mark.parametrize(
     "mesh,num_microbatches,config",
     [
-        ("ep", 1, CONFIG), (MeshConfig(data=2, expert=4), 2, CONFIG), ("fsdp_tp_ep", 1, CONFIG),
+        pytest.param("ep", 1, CONFIG, marks=pytest.mark.slow),  # expert parallelism alone: in the others too
+        (MeshConfig(data=2, expert=4), 2, CONFIG), ("fsdp_tp_ep", 1, CONFIG),
         ("fsdp_tp_ep", 1, GPT2_SCANNED),
     ],
     ids=["ep", "data2_expert4_microbatches2", "fsdp_tp_ep", "gpt2_scan_remat_fsdp_tp_ep"],

@@ -66,7 +66,11 @@ def clipped_sgd(learning_rate):
     return optax.chain(optax.clip_by_global_norm(0.5), optax.sgd(learning_rate))
 
 
-@pytest.mark.parametrize("optimizer", [adafactor, clipped_sgd], ids=["adafactor", "global_norm_clipped_sgd"])
+@pytest.mark.parametrize(
+    "optimizer",
+    [adafactor, pytest.param(clipped_sgd, marks=pytest.mark.slow)],  # -m slow: a second optimizer, same layout
+    ids=["adafactor", "global_norm_clipped_sgd"],
+)
 def test_scanned_layers_train_like_plain_layers(optimizer):
     _, plain, initial = train(PLAIN, optimizer)
     trainer, scanned, _ = train(SCANNED, optimizer, initial)

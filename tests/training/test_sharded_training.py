@@ -94,7 +94,9 @@ def test_mesh_presets_lay_out_eight_devices_as_documented():
     assert mesh_preset("fsdp_tp_ep").axis_sizes(8) == {"data": 1, "fsdp": 2, "tensor": 2, "expert": 2}
 
 
-@pytest.mark.parametrize("name", MESHES)
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=[] if name == "dp_fsdp_tp" else [pytest.mark.slow]) for name in MESHES]
+)  # dp_fsdp_tp uses every axis by default; each axis alone runs with -m slow
 def test_sharded_run_matches_single_device(name, single_device):
     want_params, want_losses = single_device
     trainer, state, losses = train(MESHES[name])
