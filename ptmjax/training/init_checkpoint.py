@@ -1,46 +1,116 @@
-"""Starting a run from a model folder's parameters, whichever layer layout they were saved in."""
+"""Starting a run from a model folder's parameters: all of them, or the part the model shares with it.
+
+Fine-tuning a new head on a pre-trained backbone restores every parameter
+whose path the checkpoint also has, and keeps the fresh initialisation of
+the rest (the head, LoRA matrices, a soft prompt); the checkpoint's
+parameters the model lacks (a pre-training head) are left out. Both lists
+are printed. Signs of another model are errors: a shared path with another
+shape; a layer whose checkpoint parameters are only partly taken (GPT-2's
+layer norms in a BERT layer, T5 v1.0's `wi` beside v1.1's `wi_0`); a
+checkpoint with less than half of the model's parameter values. The optimizer state is always fresh. Parameters saved
+with the other `scan_layers` setting are converted with `layer_stack.scan` or
+`unscan` on the host: for example an import from Hugging Face (always
+unscanned) fine-tuned with scanned layers.
+"""
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Iterable
 from typing import Any
 
 import jax
+from flax import traverse_util
 
 from ptmjax.layers import layer_stack
 from ptmjax.model_dir import ModelDir
+from ptmjax.training.model_api import ModelApi
 from ptmjax.training.trainer import Trainer
+from ptmjax.tree_paths import shapes_by_path
+
+MIN_RESTORED_FRACTION = 0.5
+LAYER = re.compile(r"^(.*?/)?layers(_\d+)?/")  # the path of the first layer (or layer stack) a parameter is in
+LISTED = 8  # paths named per list in the printed summary
 
 
-def initial_params(model_dir: str, trainer: Trainer) -> Any:
-    """The newest parameters of `model_dir`'s checkpoints, laid out and sharded as the trainer's.
-
-    Parameters saved with the other `scan_layers` setting are converted with
-    `layer_stack.scan` or `unscan` on the host: for example an import from
-    Hugging Face (always unscanned) fine-tuned with scanned layers. Reads only:
-    nothing is created in `model_dir`.
-    """
+def initial_params(model_dir: str, trainer: Trainer, fresh: Any) -> Any:
+    """`fresh` (the trainer's newly initialised parameters) with every parameter that `model_dir`'s newest
+    checkpoint shares with the model restored, laid out and sharded as the trainer's. Reads only: nothing
+    is created in `model_dir`."""
     folder = ModelDir(model_dir)
     step = folder.checkpoint_step()
-    saved = _paths(folder.state_metadata(step)["params"])
+    saved = shapes_by_path(folder.state_metadata(step)["params"])
     api = trainer.api
-    if saved == _paths(api.abstract_params):
-        params = folder.read_params(api.abstract_params, trainer.state_shardings.params, step)
-    else:
-        other = api.with_scan_layers(not api.scanning)
-        if other is None or saved != _paths(other.abstract_params):
-            wanted = _paths(api.abstract_params)
-            raise ValueError(
-                f"the checkpoint in {folder.checkpoints_path} does not hold {type(api.module).__name__}'s parameters; "
-                f"only in the checkpoint: {sorted(saved - wanted)[:5]}, only in the model: {sorted(wanted - saved)[:5]}"
-                ". Use the model of the folder's config.gin (e.g. pass that file after the run's own gin files)."
-            )
-        host = folder.read_params(other.abstract_params, step=step)
+    layout = max(_layouts(api), key=lambda a: len(saved.keys() & shapes_by_path(a.abstract_params).keys()))
+    wanted = shapes_by_path(layout.abstract_params)
+    shared = sorted(saved.keys() & wanted.keys())
+    _check_shared(folder, api, saved, wanted, shared)
+    subset = _only(layout.abstract_params, shared)
+    if layout is api:
+        restored = folder.read_params(subset, _only(trainer.state_shardings.params, shared), step)
+        params = _overlay(fresh, restored)
+    else:  # the checkpoint has the other layer layout: convert on the host
         config = api.module.config
-        host = layer_stack.scan(host, config) if api.scanning else layer_stack.unscan(host, config)
-        params = jax.device_put(host, trainer.state_shardings.params)
-    print(f"Initialised the parameters from {folder.checkpoints_path} (step {step})")
+        to_saved, to_model = layer_stack.unscan, layer_stack.scan
+        if not api.scanning:
+            to_saved, to_model = to_model, to_saved
+        host = _overlay(to_saved(jax.device_get(fresh), config), folder.read_params(subset, step=step))
+        params = jax.device_put(to_model(host, config), trainer.state_shardings.params)
+    print(f"Initialised {len(shared)} of {len(wanted)} parameter arrays from {folder.checkpoints_path} (step {step})")
+    _print_paths("newly initialised", sorted(wanted.keys() - saved.keys()))
+    _print_paths("in the checkpoint but not in the model, left out", sorted(saved.keys() - wanted.keys()))
     return params
 
 
-def _paths(tree: Any) -> set[str]:
-    return {jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(tree)}
+def _layouts(api: ModelApi) -> list[ModelApi]:
+    """The model, and the same model with the other `scan_layers` setting where it has layer stacks."""
+    other = api.with_scan_layers(not api.scanning)
+    return [api] if other is None else [api, other]
+
+
+def _check_shared(folder: ModelDir, api: ModelApi, saved: dict, wanted: dict, shared: list[str]) -> None:
+    """Shared paths must agree in shape and hold at least MIN_RESTORED_FRACTION of the model's values."""
+    name = type(api.module).__name__
+    mismatched = [f"{p}: checkpoint {saved[p]}, model {wanted[p]}" for p in shared if saved[p] != wanted[p]]
+    if mismatched:
+        raise ValueError(
+            f"the checkpoint in {folder.checkpoints_path} has {len(mismatched)} of {name}'s parameters with other "
+            f"shapes: {'; '.join(mismatched[:LISTED])}. Use the model of the folder's config.gin with only the "
+            "new parts changed (e.g. a head with another name or number of labels)"
+        )
+    partial_layers = [p for p in sorted(saved.keys() - wanted.keys())
+                      if (layer := LAYER.match(p)) and any(s.startswith(layer.group(0)) for s in shared)]  # fmt: skip
+    if partial_layers:
+        raise ValueError(
+            f"the checkpoint in {folder.checkpoints_path} has layer parameters that {name}'s layers lack: "
+            f"{partial_layers[:LISTED]}; it is another architecture. Use the model of the folder's config.gin"
+        )
+    restored = sum(math.prod(wanted[p]) for p in shared)
+    total = sum(math.prod(shape) for shape in wanted.values())
+    if restored < MIN_RESTORED_FRACTION * total:
+        raise ValueError(
+            f"the checkpoint in {folder.checkpoints_path} does not hold {name}'s parameters: it has "
+            f"{restored / total:.0%} of their values; only in the checkpoint: "
+            f"{sorted(saved.keys() - wanted.keys())[:5]}, only in the model: {sorted(wanted.keys() - saved.keys())[:5]}"
+            ". Use the model of the folder's config.gin (e.g. pass that file after the run's own gin files)."
+        )
+
+
+def _only(tree: Any, paths: Iterable[str]) -> dict:
+    """The nested dict `tree` cut to the leaves at `paths` ('a/b/c')."""
+    flat = traverse_util.flatten_dict(tree, sep="/")
+    return traverse_util.unflatten_dict({path: flat[path] for path in paths}, sep="/")
+
+
+def _overlay(tree: Any, restored: Any) -> dict:
+    """`tree` with the leaves `restored` has replaced."""
+    flat = traverse_util.flatten_dict(tree, sep="/")
+    flat.update(traverse_util.flatten_dict(restored, sep="/"))
+    return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def _print_paths(what: str, paths: list[str]) -> None:
+    if paths:
+        more = f" and {len(paths) - LISTED} more" if len(paths) > LISTED else ""
+        print(f"  {len(paths)} {what}: {', '.join(paths[:LISTED])}{more}")

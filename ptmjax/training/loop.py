@@ -90,6 +90,7 @@ def train(
     best_checkpoint_metric: str | None = None,
     best_checkpoint_mode: str = "max",
     nonfinite_policy: NonFinitePolicy | None = None,
+    trainable: Sequence[str] | None = None,
 ) -> TrainResult:
     """Pre-trains `model` on a seqio mixture; resumes from `model_dir`.
 
@@ -136,6 +137,9 @@ def train(
       nonfinite_policy: what a step with a non-finite loss, gradient norm or
         state does (default: NonFinitePolicy() with its gin bindings: stop
         with an error naming the step); see ptmjax/training/nonfinite.py.
+      trainable: regular expressions over parameter paths ('layers_3/.*',
+        '.*/bias'); only the parameters they match train, the rest are frozen
+        with no optimizer state (ptmjax/training/trainable.py). None trains all.
     """
     mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
     inference_eval_every = eval_every if inference_eval_every is None else inference_eval_every
@@ -152,11 +156,14 @@ def train(
     spec = RunSpec(
         model=model, batch_size=batch_size, task_feature_lengths=task_feature_lengths, optimizer=optimizer,
         schedule=schedule, loss_config=loss_config, mesh_config=mesh_config, num_microbatches=num_microbatches,
-        pack=pack,
+        pack=pack, trainable=trainable,
     )  # fmt: skip
     mesh = partitioning.make_mesh(spec.mesh_config)
     _check_vocabulary(model, mixture_or_task_name)
     trainer = spec.trainer(mesh)
+    if trainable is not None:
+        count, total = trainer.trainable.counts(trainer.optimizer_view[0])
+        print(f"Training {count:,} of {total:,} parameter values ({count / total:.2%}); the rest are frozen")
     check_resumable(folder, trainer.abstract_state)  # before config.gin is rewritten
     check_run_splits(mixture_or_task_name, task_feature_lengths, trainer.api.family.feature_converter, pack)
     os.makedirs(folder.path, exist_ok=True)
@@ -177,7 +184,7 @@ def train(
     else:
         state, data_state = trainer.init_state(jax.random.key(seed)), {"batches_consumed": 0}
         if init_checkpoint is not None:
-            state = state.replace(params=initial_params(init_checkpoint, trainer))
+            state = state.replace(params=initial_params(init_checkpoint, trainer, state.params))
     start = int(state.step)
     log.truncate_after(start)
 

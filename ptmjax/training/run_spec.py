@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +36,7 @@ class RunSpec:
     mesh_config: partitioning.MeshConfig | None = None
     num_microbatches: int = 1
     pack: bool = True
+    trainable: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task_feature_lengths", dict(self.task_feature_lengths))
@@ -54,7 +55,7 @@ class RunSpec:
                 f"pick a multiple of {ways}"
             )
         return Trainer(self.model, self.optimizer(self.schedule), self.schedule, mesh, self.mesh_config.rules,
-                       self.loss_config, self.num_microbatches)  # fmt: skip
+                       self.loss_config, self.num_microbatches, self.trainable)  # fmt: skip
 
     def abstract_batch(self, sharding: jax.sharding.Sharding) -> dict[str, jax.ShapeDtypeStruct]:
         """The global batch the family's feature converter produces, as ShapeDtypeStructs on `sharding`."""

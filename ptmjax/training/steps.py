@@ -33,11 +33,13 @@ from ptmjax.training.model_api import Batch, ModelApi
 from ptmjax.training.model_losses import Stats
 from ptmjax.training.nonfinite import FINITE
 from ptmjax.training.train_state import TrainState
+from ptmjax.training.trainable import LeafSelection
 
 
 def make_train_step(
     api: ModelApi, tx: optax.GradientTransformation, schedule: optax.Schedule,
     loss_config: LossConfig, rules: partitioning.Rules, num_microbatches: int = 1,
+    selection: LeafSelection | None = None,
 ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds the train step; jit it with the state and batch shardings.
 
@@ -47,29 +49,33 @@ def make_train_step(
     once per batch (see the module docstring). A step whose loss, gradient norm
     or new state is not finite keeps the old parameters and optimizer state
     and reports metrics[FINITE] = False (see ptmjax/training/nonfinite.py).
+    Only the leaves `selection` picks (default: all) are differentiated and
+    updated; the others reach `tx` as zero gradients and keep their values
+    (ptmjax/training/trainable.py).
     """
 
     loss_weights = api.family.loss_weights
 
-    def grads_and_stats(params, batch, rng, batch_loss_scale):
-        def loss_fn(p):
-            token_loss, batch_loss, stats = api.loss(p, batch, loss_config, rng)
+    def grads_and_stats(chosen, params, batch, rng, batch_loss_scale):
+        """Gradients of the selected leaves (a list) and the batch's stats."""
+        def loss_fn(selected):
+            token_loss, batch_loss, stats = api.loss(chosen.put(params, selected), batch, loss_config, rng)
             return token_loss + batch_loss * batch_loss_scale, stats
-        (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(chosen.take(params))
         return grads, stats
 
-    def accumulate(params, batch, rng, batch_loss_scale):
+    def accumulate(chosen, params, batch, rng, batch_loss_scale):
         micro = jax.tree.map(lambda x: _split_microbatches(x, num_microbatches), batch)
 
         def body(carry, xs):
             grads, stats = carry
             index, microbatch = xs
-            g, s = grads_and_stats(params, microbatch, jax.random.fold_in(rng, index), batch_loss_scale)
+            g, s = grads_and_stats(chosen, params, microbatch, jax.random.fold_in(rng, index), batch_loss_scale)
             return (jax.tree.map(jnp.add, grads, g), stats + s), None
 
-        zero_grads = jax.tree.map(jnp.zeros_like, params)
+        zero_grads = [jnp.zeros_like(p) for p in chosen.take(params)]
         first = jax.tree.map(lambda x: x[0], micro)
-        stats_shape = jax.eval_shape(lambda: grads_and_stats(params, first, rng, batch_loss_scale)[1])
+        stats_shape = jax.eval_shape(lambda: grads_and_stats(chosen, params, first, rng, batch_loss_scale)[1])
         zero_stats = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), stats_shape)
         (grads, stats), _ = jax.lax.scan(
             body, (zero_grads, zero_stats), (jnp.arange(num_microbatches), micro)
@@ -77,28 +83,30 @@ def make_train_step(
         return grads, stats
 
     def train_step(state: TrainState, batch: Batch, rng: jax.Array):
+        chosen = selection or LeafSelection.every(state.params)
         with nn.logical_axis_rules(rules):
             rng = jax.random.fold_in(rng, state.step)
             weights = batch[loss_weights].astype(jnp.float32)
             normalizer = loss_config.normalizing_factor or jnp.maximum(jnp.sum(weights), 1.0)
             batch_loss_scale = normalizer / num_microbatches
             if num_microbatches == 1:
-                grads, stats = grads_and_stats(state.params, batch, rng, batch_loss_scale)
+                grads, stats = grads_and_stats(chosen, state.params, batch, rng, batch_loss_scale)
             else:
-                grads, stats = accumulate(state.params, batch, rng, batch_loss_scale)
-            grads = jax.tree.map(lambda g: g / normalizer, grads)
+                grads, stats = accumulate(chosen, state.params, batch, rng, batch_loss_scale)
+            grads = [g / normalizer for g in grads]
             # Keeps XLA from fusing the optimizer's elementwise update into the
             # gradient computation, which made AdamW steps 1.5x slower on CPU.
             grads = jax.lax.optimization_barrier(grads)
-            updates, opt_state = tx.update(grads, state.opt_state, state.params)
-            params = optax.apply_updates(state.params, updates)
+            all_grads = chosen.put(state.params, grads, rest=jnp.zeros_like)
+            updates, opt_state = tx.update(all_grads, state.opt_state, state.params)
+            trained = chosen.take(optax.apply_updates(state.params, updates))
         metrics = stats.metrics()
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
-        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]) & _all_finite((params, opt_state))
-        params, opt_state = jax.tree.map(
-            lambda new, old: jnp.where(finite, new, old), (params, opt_state), (state.params, state.opt_state)
-        )
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"]) & _all_finite((trained, opt_state))
+        old = (chosen.take(state.params), state.opt_state)
+        trained, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), (trained, opt_state), old)
+        params = chosen.put(state.params, trained)
         metrics[FINITE] = finite
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -16,6 +17,7 @@ from ptmjax.training import model_losses, optimizers, steps
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.model_api import ModelApi, model_api
 from ptmjax.training.train_state import TrainState
+from ptmjax.training.trainable import Trainable
 
 
 class Trainer:
@@ -23,12 +25,14 @@ class Trainer:
 
     Parameters and optimizer state are never materialised whole on one
     device: initialisation itself is jitted with the target shardings.
+    `trainable`: regular expressions over parameter paths; only matching
+    parameters train (ptmjax/training/trainable.py). None trains all.
     """
 
     def __init__(
         self, model: nn.Module, tx: optax.GradientTransformation, schedule: optax.Schedule,
         mesh: Mesh, rules: partitioning.Rules, loss_config: LossConfig | None = None,
-        num_microbatches: int = 1,
+        num_microbatches: int = 1, trainable: Sequence[str] | None = None,
     ):
         partitioning.validate_rules(rules)
         self.model, self.tx, self.mesh, self.rules = model, tx, mesh, rules
@@ -41,11 +45,14 @@ class Trainer:
         # its state's leaves mirror the unscanned parameters.
         plain = api.unscanned()
         self.optimizer_view = (plain.abstract_params, plain.logical_axes)
+        self.trainable = Trainable(None if trainable is None else tuple(trainable))
+        self.tx = tx = self.trainable.optimizer(tx, plain.abstract_params)
         abstract_opt_state = jax.eval_shape(tx.init, plain.abstract_params)
         plain_shardings = param_shardings if plain is api else self._shardings(plain)
         opt_shardings = partitioning.optimizer_state_shardings(
-            tx, abstract_opt_state, plain.abstract_params, plain_shardings, mesh
-        )
+            tx, abstract_opt_state, *(self.trainable.masked(tree, plain.abstract_params)
+                                      for tree in (plain.abstract_params, plain_shardings)), mesh,
+        )  # fmt: skip
         if api.scanning:
             self.tx = tx = optimizers.on_unscanned_layout(tx, api.scanning)
         self.state_shardings = TrainState(
@@ -57,7 +64,8 @@ class Trainer:
         )
 
         loss_config = loss_config or LossConfig()
-        train_step = steps.make_train_step(api, tx, schedule, loss_config, rules, num_microbatches)
+        selection = self.trainable.selection(plain.abstract_params, api.scanning)
+        train_step = steps.make_train_step(api, tx, schedule, loss_config, rules, num_microbatches, selection)
         self._train_step = jax.jit(
             train_step,
             in_shardings=(self.state_shardings, self.batch_sharding, self.replicated),
