@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.experimental import multihost_utils
 
 from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.train_state import TrainState
@@ -68,5 +69,7 @@ def set_aside(checkpointer: Checkpointer, step: int) -> str:
         target = f"{source}{DAMAGED_SUFFIX}{n}"
     if jax.process_index() == 0:
         os.rename(source, target)
+    if jax.process_count() > 1:  # no process looks for the next checkpoint before the rename is done
+        multihost_utils.sync_global_devices(f"ptmjax: set aside damaged checkpoint {step}")
     checkpointer.reload()
     return target

@@ -143,8 +143,9 @@ def train(
     """
     mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
     inference_eval_every = eval_every if inference_eval_every is None else inference_eval_every
-    _check_positive(batch_size=batch_size, num_steps=num_steps, log_every=log_every,
-                    eval_every=eval_every, checkpoint_every=checkpoint_every, inference_eval_every=inference_eval_every)
+    _check_positive(batch_size=batch_size, num_steps=num_steps, log_every=log_every, eval_every=eval_every,
+                    checkpoint_every=checkpoint_every, inference_eval_every=inference_eval_every,
+                    **({} if eval_batches is None else {"eval_batches": eval_batches}))  # fmt: skip
     if best_checkpoint_metric is not None and not inference_eval_tasks:
         raise ValueError(
             f"train.best_checkpoint_metric={best_checkpoint_metric!r} needs evaluations; set "
@@ -168,125 +169,126 @@ def train(
     check_run_splits(mixture_or_task_name, task_feature_lengths, trainer.api.family.feature_converter, pack)
     os.makedirs(folder.path, exist_ok=True)
     checkpointer = folder.checkpointer(max_to_keep=keep_checkpoints)
-    primary = multihost.is_primary()
-    log = MetricsLog(model_dir, read_only=not primary)
-    config_path = folder.config_path
-    if primary:
-        with open(config_path, "w") as f:
-            f.write(gin.operative_config_str())
-        print(f"Resolved config saved to {config_path}:\n{gin.operative_config_str()}")
-        if init_checkpoint is not None:
-            _keep_import_tokenizer(ModelDir(init_checkpoint), folder, mixture_or_task_name)
+    with contextlib.closing(checkpointer):  # closed on every way out, a failed restore included
+        primary = multihost.is_primary()
+        log = MetricsLog(model_dir, read_only=not primary)
+        config_path = folder.config_path
+        if primary:
+            with open(config_path, "w") as f:
+                f.write(gin.operative_config_str())
+            print(f"Resolved config saved to {config_path}:\n{gin.operative_config_str()}")
+            if init_checkpoint is not None:
+                _keep_import_tokenizer(ModelDir(init_checkpoint), folder, mixture_or_task_name)
 
-    if checkpointer.latest_step() is not None:
-        state, data_state = restore_newest_intact(checkpointer, trainer.abstract_state, trainer.state_shardings)
-        print(f"Resumed from step {int(state.step)} in {checkpointer.directory}")
-    else:
-        state, data_state = trainer.init_state(jax.random.key(seed)), {"batches_consumed": 0}
-        if init_checkpoint is not None:
-            state = state.replace(params=initial_params(init_checkpoint, trainer, state.params))
-    start = int(state.step)
-    log.truncate_after(start)
+        if checkpointer.latest_step() is not None:
+            state, data_state = restore_newest_intact(checkpointer, trainer.abstract_state, trainer.state_shardings)
+            print(f"Resumed from step {int(state.step)} in {checkpointer.directory}")
+        else:
+            state, data_state = trainer.init_state(jax.random.key(seed)), {"batches_consumed": 0}
+            if init_checkpoint is not None:
+                state = state.replace(params=initial_params(init_checkpoint, trainer, state.params))
+        start = int(state.step)
+        log.truncate_after(start)
 
-    def host_dataset(split: str, **kwargs):
-        """This host's shard of a split, batched to its share of the global batch."""
-        return pipeline.get_dataset(
-            mixture_or_task_name, split, task_feature_lengths, batch_size // jax.process_count(),
-            seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
-            feature_converter=trainer.api.family.feature_converter, **kwargs,
+        def host_dataset(split: str, **kwargs):
+            """This host's shard of a split, batched to its share of the global batch."""
+            return pipeline.get_dataset(
+                mixture_or_task_name, split, task_feature_lengths, batch_size // jax.process_count(),
+                seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
+                feature_converter=trainer.api.family.feature_converter, **kwargs,
+            )
+
+        evaluators = [
+            InferenceEvaluator(
+                trainer.api, name, mesh, spec.mesh_config.rules, decode_config or DecodeConfig(),
+                _generation_ids(model, name, init_checkpoint), batch_size, task_feature_lengths=task_feature_lengths,
+                max_examples=inference_eval_examples,
+            )
+            for name in inference_eval_tasks
+        ]  # fmt: skip
+        best = None
+        if best_checkpoint_metric is not None:
+            _check_best_metric(best_checkpoint_metric, [t for e in evaluators for t in e.task_names])
+            best = BestCheckpoint(model_dir, best_checkpoint_metric, best_checkpoint_mode, gin.operative_config_str(),
+                                  read_only=not primary)  # fmt: skip
+
+        def inference_eval(params, step: int) -> dict[str, float]:
+            """{'<task>/<metric>': value} of every evaluated task."""
+            return {k: v for e in evaluators for k, v in results.flat(e.evaluate(params, step)).items()}
+
+        train_iter = pipeline.ResumableIterator(
+            lambda: host_dataset("train", shuffle=True), batches_consumed=data_state["batches_consumed"]
         )
 
-    evaluators = [
-        InferenceEvaluator(
-            trainer.api, name, mesh, spec.mesh_config.rules, decode_config or DecodeConfig(),
-            _generation_ids(model, name, init_checkpoint), batch_size, task_feature_lengths=task_feature_lengths,
-            max_examples=inference_eval_examples,
-        )
-        for name in inference_eval_tasks
-    ]  # fmt: skip
-    best = None
-    if best_checkpoint_metric is not None:
-        _check_best_metric(best_checkpoint_metric, [t for e in evaluators for t in e.task_names])
-        best = BestCheckpoint(model_dir, best_checkpoint_metric, best_checkpoint_mode, gin.operative_config_str(),
-                              read_only=not primary)  # fmt: skip
+        def evaluate(params) -> dict[str, float]:
+            dataset = host_dataset("validation", shuffle=False, num_epochs=1, pad_final_batch=True)
+            shapes = {name: tuple(spec.shape) for name, spec in dataset.element_spec.items()}
+            batches = itertools.islice(dataset.as_numpy_iterator(), eval_batches)
+            total = None
+            for batch in multihost.batches_in_lockstep(batches, shapes):
+                stats = trainer.eval_stats(params, partitioning.global_batch(batch, mesh))
+                total = stats if total is None else total + stats
+            if total is None:
+                raise ValueError(f"the validation split of {mixture_or_task_name!r} is empty; add validation data")
+            return {f"eval_{k}": float(v) for k, v in jax.device_get(total.metrics()).items()}
 
-    def inference_eval(params, step: int) -> dict[str, float]:
-        """{'<task>/<metric>': value} of every evaluated task."""
-        return {k: v for e in evaluators for k, v in results.flat(e.evaluate(params, step)).items()}
-
-    train_iter = pipeline.ResumableIterator(
-        lambda: host_dataset("train", shuffle=True), batches_consumed=data_state["batches_consumed"]
-    )
-
-    def evaluate(params) -> dict[str, float]:
-        dataset = host_dataset("validation", shuffle=False, num_epochs=1, pad_final_batch=True)
-        shapes = {name: tuple(spec.shape) for name, spec in dataset.element_spec.items()}
-        batches = itertools.islice(dataset.as_numpy_iterator(), eval_batches)
-        total = None
-        for batch in multihost.batches_in_lockstep(batches, shapes):
-            stats = trainer.eval_stats(params, partitioning.global_batch(batch, mesh))
-            total = stats if total is None else total + stats
-        if total is None:
-            raise ValueError(f"the validation split of {mixture_or_task_name!r} is empty; add validation data")
-        return {f"eval_{k}": float(v) for k, v in jax.device_get(total.metrics()).items()}
-
-    dropout_rng = jax.random.key(seed + 1)
-    nonfinite = NonFiniteMonitor(nonfinite_policy or NonFinitePolicy())
-    tokens_per_step = None  # the model's input tokens per global batch, read off the first batch
-    train_loss, eval_metrics, task_metrics, preempted = None, {}, {}, False
-    last_time, last_step = None, start  # timing starts once the first step (and its compile) is done
-    with contextlib.closing(checkpointer), multihost.stop_on_sigterm() as stop_after, tqdm(
-        total=num_steps, initial=start, disable=not (show_progress and primary), unit="step", dynamic_ncols=True
-    ) as bar:
-        for step in range(start, num_steps):
-            host_batch = next(train_iter)
-            if tokens_per_step is None:
-                fields = trainer.api.family.init_fields
-                tokens_per_step = sum(host_batch[name].size for name in fields) * jax.process_count()
-            batch = partitioning.global_batch(host_batch, mesh)
-            state, metrics = trainer.train_step(state, batch, dropout_rng)
-            done = step + 1
-            nonfinite.add(done, metrics)
-            checkpointer.check_for_errors()  # a failed background save stops the run here, not minutes later
-            bar.update(1)
-            if last_time is None:  # the first step compiled: step times start after it
-                jax.block_until_ready(metrics)
-                last_time, last_step = time.perf_counter(), done
-            if done % log_every == 0 or done == num_steps:
-                nonfinite.check()
-                metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                metrics.update(nonfinite.skipped_since_last_call())
-                if done > last_step:  # a record of the first step itself has no step time
-                    metrics["step_time_s"] = (time.perf_counter() - last_time) / (done - last_step)
-                    metrics["tokens_per_s"] = tokens_per_step / metrics["step_time_s"]
-                last_time, last_step = time.perf_counter(), done
-                log.write(done, metrics)
-                train_loss = metrics["loss"]
-                speed = {"tok_s": f"{metrics['tokens_per_s']:.0f}"} if "tokens_per_s" in metrics else {}
-                bar.set_postfix(loss=f"{train_loss:.3f}", **speed)
-            stop = stop_after(done)
-            if done % checkpoint_every == 0 or done == num_steps or stop:  # before evaluating, which may fail
-                _save_if_finite(checkpointer, nonfinite, done, state, train_iter.state())
-            if done % eval_every == 0 or done == num_steps:
-                eval_start = time.perf_counter()
-                eval_metrics = evaluate(state.params)
-                log.write(done, eval_metrics)
-                log.plot()
-                bar.write(f"step {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items()))
-                last_time += time.perf_counter() - eval_start  # step times exclude evaluation
-            if evaluators and (done % inference_eval_every == 0 or done == num_steps):
-                eval_start = time.perf_counter()
-                task_metrics = inference_eval(state.params, done)
-                log.write(done, {f"eval_{k}": v for k, v in task_metrics.items()})
-                note = ""
-                if best is not None and best.update(done, task_metrics, state.params):
-                    note = f" (best {best_checkpoint_metric}: saved to {best.folder.path})"
-                bar.write(f"step {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in task_metrics.items()) + note)
-                last_time += time.perf_counter() - eval_start
-            if stop:
-                preempted = True
-                bar.write(f"SIGTERM: saved step {done}; rerun the same command to resume")
-                break
+        dropout_rng = jax.random.key(seed + 1)
+        nonfinite = NonFiniteMonitor(nonfinite_policy or NonFinitePolicy())
+        tokens_per_step = None  # the model's input tokens per global batch, read off the first batch
+        train_loss, eval_metrics, task_metrics, preempted = None, {}, {}, False
+        last_time, last_step = None, start  # timing starts once the first step (and its compile) is done
+        with multihost.stop_on_sigterm() as stop_after, tqdm(
+            total=num_steps, initial=start, disable=not (show_progress and primary), unit="step", dynamic_ncols=True
+        ) as bar:
+            for step in range(start, num_steps):
+                host_batch = next(train_iter)
+                if tokens_per_step is None:
+                    fields = trainer.api.family.init_fields
+                    tokens_per_step = sum(host_batch[name].size for name in fields) * jax.process_count()
+                batch = partitioning.global_batch(host_batch, mesh)
+                state, metrics = trainer.train_step(state, batch, dropout_rng)
+                done = step + 1
+                nonfinite.add(done, metrics)
+                checkpointer.check_for_errors()  # a failed background save stops the run here, not minutes later
+                bar.update(1)
+                if last_time is None:  # the first step compiled: step times start after it
+                    jax.block_until_ready(metrics)
+                    last_time, last_step = time.perf_counter(), done
+                if done % log_every == 0 or done == num_steps:
+                    nonfinite.check()
+                    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    metrics.update(nonfinite.skipped_since_last_call())
+                    if done > last_step:  # a record of the first step itself has no step time
+                        metrics["step_time_s"] = (time.perf_counter() - last_time) / (done - last_step)
+                        metrics["tokens_per_s"] = tokens_per_step / metrics["step_time_s"]
+                    last_time, last_step = time.perf_counter(), done
+                    log.write(done, metrics)
+                    train_loss = metrics["loss"]
+                    speed = {"tok_s": f"{metrics['tokens_per_s']:.0f}"} if "tokens_per_s" in metrics else {}
+                    bar.set_postfix(loss=f"{train_loss:.3f}", **speed)
+                stop = stop_after(done)
+                if done % checkpoint_every == 0 or done == num_steps or stop:  # before evaluating, which may fail
+                    _save_if_finite(checkpointer, nonfinite, done, state, train_iter.state())
+                if done % eval_every == 0 or done == num_steps:
+                    eval_start = time.perf_counter()
+                    eval_metrics = evaluate(state.params)
+                    log.write(done, eval_metrics)
+                    log.plot()
+                    bar.write(f"step {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items()))
+                    last_time += time.perf_counter() - eval_start  # step times exclude evaluation
+                if evaluators and (done % inference_eval_every == 0 or done == num_steps):
+                    eval_start = time.perf_counter()
+                    task_metrics = inference_eval(state.params, done)
+                    log.write(done, {f"eval_{k}": v for k, v in task_metrics.items()})
+                    note = ""
+                    if best is not None and best.update(done, task_metrics, state.params):
+                        note = f" (best {best_checkpoint_metric}: saved to {best.folder.path})"
+                    bar.write(f"step {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in task_metrics.items()) + note)
+                    last_time += time.perf_counter() - eval_start
+                if stop:
+                    preempted = True
+                    bar.write(f"SIGTERM: saved step {done}; rerun the same command to resume")
+                    break
 
     if best is not None:
         best.close()
@@ -332,9 +334,9 @@ def _save_if_finite(
 
 
 def _check_positive(**values: int) -> None:
-    bad = {k: v for k, v in values.items() if v < 1}
+    bad = [f"train.{name}={value}" for name, value in values.items() if value < 1]
     if bad:
-        raise ValueError(f"these must be positive integers: {bad}")
+        raise ValueError(f"{', '.join(bad)}: must be a positive integer (eval_batches may be None: the whole split)")
 
 
 def _check_best_metric(metric: str, tasks: Sequence[str]) -> None:

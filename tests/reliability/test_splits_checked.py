@@ -67,3 +67,10 @@ def test_a_failed_evaluation_keeps_the_checkpoint_of_its_step(tmp_path, monkeypa
     assert ModelDir(str(tmp_path)).saved_steps() == [2]
     assert [r["step"] for r in records(tmp_path)] == [1, 2]  # the train records of both steps
     assert os.path.isfile(tmp_path / "config.gin")
+
+
+def test_zero_eval_batches_is_named_before_anything_is_built(tmp_path):
+    """Not 'the validation split is empty', which is what an evaluation of 0 batches used to report."""
+    with pytest.raises(ValueError, match=r"^train.eval_batches=0: must be a positive integer \(eval_batches may be "):
+        run(tmp_path / "run", num_steps=2, eval_batches=0)
+    assert not (tmp_path / "run").exists()
