@@ -10,7 +10,16 @@ from ptmjax.data import downstream_tasks, language_tags, mixtures, objective_tas
 from ptmjax.evaluation.tasks import glue, squad, summarization, superglue, translation
 from ptmjax.models import albert, bart, bert, electra, gpt2, permutation_lm, t5
 from ptmjax.objectives import translation_lm  # noqa: F401
-from ptmjax.training import checkpoints, loop, losses, multihost, nonfinite, optimizers, schedules  # noqa: F401
+from ptmjax.training import (  # noqa: F401
+    checkpoints,
+    layer_depth,
+    loop,
+    losses,
+    multihost,
+    nonfinite,
+    optimizers,
+    schedules,
+)
 
 gin.external_configurable(t5.EncoderDecoder, module="ptmjax.models")
 gin.external_configurable(gpt2.GPT2, module="ptmjax.models")

@@ -1,4 +1,4 @@
-"""Learning-rate schedules: T5's inverse square root, and warmup + cosine."""
+"""Learning-rate schedules: T5's inverse square root, warmup + cosine, and ULMFiT's slanted triangle."""
 
 from __future__ import annotations
 
@@ -43,3 +43,29 @@ def warmup_cosine(
         init_value=0.0, peak_value=peak_learning_rate, warmup_steps=warmup_steps,
         decay_steps=total_steps, end_value=peak_learning_rate * final_fraction,
     )
+
+
+@gin.configurable
+def slanted_triangular(
+    peak_learning_rate: float = 0.01, total_steps: int = 1_000, cut_fraction: float = 0.1, ratio: float = 32.0
+) -> optax.Schedule:
+    """ULMFiT's schedule (Howard and Ruder, 2018): a short linear rise over the first `cut_fraction` of
+    `total_steps` to the peak, then a long linear fall; the lowest rate is `peak / ratio`.
+
+    With cut = floor(total_steps * cut_fraction): p = step / cut before the
+    cut, else 1 - (step - cut) / (cut * (1 / cut_fraction - 1)); the rate is
+    `peak * (1 + p * (ratio - 1)) / ratio`.
+    """
+    cut = int(total_steps * cut_fraction)
+    if not (0 < cut_fraction < 1 and cut >= 1 and ratio >= 1):
+        raise ValueError(
+            f"slanted_triangular needs 0 < cut_fraction < 1 with total_steps * cut_fraction >= 1 and ratio >= 1; got "
+            f"total_steps={total_steps}, cut_fraction={cut_fraction}, ratio={ratio}"
+        )
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        p = jnp.where(step < cut, step / cut, 1.0 - (step - cut) / (cut * (1.0 / cut_fraction - 1.0)))
+        return peak_learning_rate * (1.0 + jnp.clip(p, 0.0, 1.0) * (ratio - 1.0)) / ratio
+
+    return schedule

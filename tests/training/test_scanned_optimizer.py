@@ -1,13 +1,15 @@
 """Scanning over layers changes neither the optimizer's updates nor its state.
 
 Adafactor's factoring, update clipping and parameter scale are per array;
-global-norm clipping spans all arrays. A T5 large enough for Adafactor to
+global-norm clipping spans all arrays; layer-wise decay and gradual unfreezing
+read unscanned paths. A T5 large enough for Adafactor to
 factor its MLP kernels ([128, 256]) trains for 3 steps on a (data=2, fsdp=2,
 tensor=2) mesh, plain and with scanned layers from the same weights: the
 unscanned parameters and the optimizer states must agree.
 """
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -19,6 +21,7 @@ from ptmjax import partitioning
 from ptmjax.layers.layer_stack import scan, unscan
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.partitioning import MeshConfig
+from ptmjax.training.layer_depth import by_layer_depth
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.train_state import TrainState
@@ -68,8 +71,10 @@ def clipped_sgd(learning_rate):
 
 @pytest.mark.parametrize(
     "optimizer",
-    [adafactor, pytest.param(clipped_sgd, marks=pytest.mark.slow)],  # -m slow: a second optimizer, same layout
-    ids=["adafactor", "global_norm_clipped_sgd"],
+    [adafactor, pytest.param(clipped_sgd, marks=pytest.mark.slow),  # -m slow: a second optimizer, same layout
+     pytest.param(functools.partial(by_layer_depth, optimizer=optax.sgd, lr_decay=0.5, unfreeze_every_steps=1),
+                  marks=pytest.mark.slow)],  # per-layer factors and masks from unscanned paths
+    ids=["adafactor", "global_norm_clipped_sgd", "layer_decay_and_unfreezing"],
 )
 def test_scanned_layers_train_like_plain_layers(optimizer):
     _, plain, initial = train(PLAIN, optimizer)
