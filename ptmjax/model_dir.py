@@ -6,6 +6,8 @@ MODEL_DIR/
   checkpoints/<step>/    Orbax: 'state' (train state, or {'step', 'params'} of an import) and 'data'
   tokenizer/             (imports only) the Hugging Face tokenizer files
   generation.json        (imports only) the generation ids: decoder start, EOS, pad, BOS
+  base.json              (runs that save only what they train) the base model folder and step
+                         the other parameters come from, see ptmjax/training/saved_part.py
   metrics.jsonl, tensorboard/, loss_curve.png    (runs only)
   run.lock               (while a run trains) its host and pid, see ptmjax/training/run_lock.py
 ```
@@ -19,6 +21,7 @@ vocabulary (`folder_vocabulary`: a run's is its task's) and generation ids.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from typing import Any
@@ -27,11 +30,13 @@ import jax
 
 from ptmjax.decoding.generation_ids import GENERATION_FILE
 from ptmjax.training.checkpoints import Checkpointer, saved_state_metadata
+from ptmjax.tree_paths import overlay, shapes_by_path, subtree
 
 CONFIG_FILE = "config.gin"
 CHECKPOINTS = "checkpoints"
 TOKENIZER = "tokenizer"
 LOCK_FILE = "run.lock"
+BASE_FILE = "base.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +67,24 @@ class ModelDir:
     @property
     def generation_path(self) -> str:
         return os.path.join(self.path, GENERATION_FILE)
+
+    @property
+    def base_path(self) -> str:
+        return os.path.join(self.path, BASE_FILE)
+
+    def base(self) -> tuple[ModelDir, int] | None:
+        """The base folder and step that the parameters this folder does not save come from, if it has one."""
+        if not os.path.isfile(self.base_path):
+            return None
+        with open(self.base_path) as f:
+            record = json.load(f)
+        return ModelDir(record["model_dir"]), int(record["step"])
+
+    def write_base(self, base: ModelDir, step: int) -> None:
+        """Records `base` at `step` as where the parameters this folder does not save come from."""
+        with open(self.base_path, "w") as f:
+            json.dump({"model_dir": base.path, "step": step}, f, indent=2)
+            f.write("\n")
 
     def saved_steps(self) -> list[int]:
         """The steps of the complete checkpoints, oldest first (none if there is no checkpoints/ folder)."""
@@ -96,13 +119,47 @@ class ModelDir:
         return Checkpointer(self.checkpoints_path, **options)
 
     def read_params(self, abstract_params: Any, shardings: Any = None, step: int | None = None) -> Any:
-        """A checkpoint's parameters (default: the newest): numpy arrays on the host, or placed on `shardings`."""
+        """A checkpoint's parameters (default: the newest): numpy arrays on the host, or placed on `shardings`.
+
+        Those a folder with a base does not save are read from its base (base.json).
+        """
         step = self.checkpoint_step(step)
+        base = self.base()
+        if base is not None:
+            return self._read_over_base(base, abstract_params, shardings, step)
+        return self._restore_params(abstract_params, shardings, step)
+
+    def _restore_params(self, abstract_params: Any, shardings: Any, step: int) -> Any:
         checkpointer = Checkpointer(self.checkpoints_path, read_only=True)
         try:
             return checkpointer.restore_params(abstract_params, shardings, step=step)
         finally:
             checkpointer.close()
+
+    def _read_over_base(self, base: tuple[ModelDir, int], abstract_params: Any, shardings: Any, step: int) -> Any:
+        """The parameters this folder saves at `step`, and the rest from `base`."""
+        wanted = shapes_by_path(abstract_params)
+        own = sorted(wanted.keys() & shapes_by_path(self.state_metadata(step)["params"]).keys())
+        rest = sorted(wanted.keys() - set(own))
+
+        folder, base_step = base
+        where = f"{self.path} takes the parameters it does not save from {folder.path} (step {base_step}, " \
+                f"its {BASE_FILE})"
+        try:
+            in_base = shapes_by_path(folder.state_metadata(base_step)["params"])
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"{where}, which is gone ({error}); put it back, or point {self.base_path} at "
+                                    "a copy of it") from None  # fmt: skip
+        missing = sorted(set(rest) - in_base.keys())
+        if missing:
+            raise ValueError(f"{where}, which lacks {len(missing)} of them: {missing[:3]}; put the base back, or "
+                             f"point {self.base_path} at a copy of it")  # fmt: skip
+
+        def part(paths: list[str]) -> tuple[Any, Any]:
+            return subtree(abstract_params, paths), None if shardings is None else subtree(shardings, paths)
+
+        base_part = folder.read_params(*part(rest), base_step) if rest else {}
+        return overlay(base_part, self._restore_params(*part(own), step) if own else {})
 
 
 def saved_mesh_shape(state_metadata: dict[str, Any]) -> dict[str, int] | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import jax
+from flax import traverse_util
 
 
 def leaves_by_path(tree: Any) -> list[tuple[str, Any]]:
@@ -30,3 +32,16 @@ def path_name(keys: tuple[Any, ...]) -> str:
         else:
             parts.append(str(key))
     return "/".join(parts)
+
+
+def subtree(tree: Any, paths: Iterable[str]) -> dict:
+    """The nested dict `tree` cut to the leaves at `paths`."""
+    flat = traverse_util.flatten_dict(tree, sep="/")
+    return traverse_util.unflatten_dict({path: flat[path] for path in paths}, sep="/")
+
+
+def overlay(tree: Any, replacements: Any) -> dict:
+    """The nested dict `tree` with the leaves that the nested dict `replacements` has replaced."""
+    flat = traverse_util.flatten_dict(tree, sep="/")
+    flat.update(traverse_util.flatten_dict(replacements, sep="/"))
+    return traverse_util.unflatten_dict(flat, sep="/")

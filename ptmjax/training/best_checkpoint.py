@@ -36,12 +36,16 @@ MODES = ("max", "min")
 class BestCheckpoint:
     """Keeps MODEL_DIR/best/ at the step whose `metric` is highest (mode 'max') or lowest ('min').
 
-    `config` is the run's config.gin text. With `read_only` (every process but
+    `config` is the run's config.gin text; `base` the run's base folder and step
+    (ptmjax/training/saved_part.py) when it saves only what it trains. With `read_only` (every process but
     the first of a multi-host run) the process takes part in the (collective)
     saves but writes no file itself.
     """
 
-    def __init__(self, model_dir: str, metric: str, mode: str, config: str, read_only: bool = False):
+    def __init__(
+        self, model_dir: str, metric: str, mode: str, config: str, read_only: bool = False,
+        base: tuple[ModelDir, int] | None = None,
+    ):  # fmt: skip
         if mode not in MODES:
             raise ValueError(f"train.best_checkpoint_mode={mode!r} is unknown; use 'max' or 'min'")
         self.folder = ModelDir(os.path.join(model_dir, BEST_DIR))
@@ -51,6 +55,8 @@ class BestCheckpoint:
             os.makedirs(self.folder.path, exist_ok=True)
             with open(self.folder.config_path, "w") as f:
                 f.write(config)
+            if base is not None:  # a run that saves only what it trains: so does best/
+                self.folder.write_base(*base)
         self._checkpointer = Checkpointer(self.folder.checkpoints_path, max_to_keep=1, asynchronous=False)
 
     @property

@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
 from typing import Any
 
 import jax
-from flax import traverse_util
 
 from ptmjax.layers import layer_stack
 from ptmjax.model_dir import ModelDir
 from ptmjax.training.model_api import ModelApi
 from ptmjax.training.trainer import Trainer
-from ptmjax.tree_paths import shapes_by_path
+from ptmjax.tree_paths import overlay, shapes_by_path, subtree
 
 MIN_RESTORED_FRACTION = 0.5
 LAYER = re.compile(r"^(.*?/)?layers(_\d+)?/")  # the path of the first layer (or layer stack) a parameter is in
@@ -46,16 +44,16 @@ def initial_params(model_dir: str, trainer: Trainer, fresh: Any) -> Any:
     wanted = shapes_by_path(layout.abstract_params)
     shared = sorted(saved.keys() & wanted.keys())
     _check_shared(folder, api, saved, wanted, shared)
-    subset = _only(layout.abstract_params, shared)
+    subset = subtree(layout.abstract_params, shared)
     if layout is api:
-        restored = folder.read_params(subset, _only(trainer.state_shardings.params, shared), step)
-        params = _overlay(fresh, restored)
+        restored = folder.read_params(subset, subtree(trainer.state_shardings.params, shared), step)
+        params = overlay(fresh, restored)
     else:  # the checkpoint has the other layer layout: convert on the host
         config = api.module.config
         to_saved, to_model = layer_stack.unscan, layer_stack.scan
         if not api.scanning:
             to_saved, to_model = to_model, to_saved
-        host = _overlay(to_saved(jax.device_get(fresh), config), folder.read_params(subset, step=step))
+        host = overlay(to_saved(jax.device_get(fresh), config), folder.read_params(subset, step=step))
         params = jax.device_put(to_model(host, config), trainer.state_shardings.params)
     print(f"Initialised {len(shared)} of {len(wanted)} parameter arrays from {folder.checkpoints_path} (step {step})")
     _print_paths("newly initialised", sorted(wanted.keys() - saved.keys()))
@@ -95,19 +93,6 @@ def _check_shared(folder: ModelDir, api: ModelApi, saved: dict, wanted: dict, sh
             f"{sorted(saved.keys() - wanted.keys())[:5]}, only in the model: {sorted(wanted.keys() - saved.keys())[:5]}"
             ". Use the model of the folder's config.gin (e.g. pass that file after the run's own gin files)."
         )
-
-
-def _only(tree: Any, paths: Iterable[str]) -> dict:
-    """The nested dict `tree` cut to the leaves at `paths` ('a/b/c')."""
-    flat = traverse_util.flatten_dict(tree, sep="/")
-    return traverse_util.unflatten_dict({path: flat[path] for path in paths}, sep="/")
-
-
-def _overlay(tree: Any, restored: Any) -> dict:
-    """`tree` with the leaves `restored` has replaced."""
-    flat = traverse_util.flatten_dict(tree, sep="/")
-    flat.update(traverse_util.flatten_dict(restored, sep="/"))
-    return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def _print_paths(what: str, paths: list[str]) -> None:

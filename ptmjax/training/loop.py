@@ -45,6 +45,7 @@ from ptmjax.training.optimizers import adafactor
 from ptmjax.training.resume_check import check_resumable
 from ptmjax.training.run_lock import locks_model_dir
 from ptmjax.training.run_spec import RunSpec
+from ptmjax.training.saved_part import saved_part
 from ptmjax.training.split_check import check_run_splits
 
 
@@ -165,7 +166,8 @@ def train(
     if trainable is not None:
         count, total = trainer.trainable.counts(trainer.optimizer_view[0])
         print(f"Training {count:,} of {total:,} parameter values ({count / total:.2%}); the rest are frozen")
-    check_resumable(folder, trainer.abstract_state)  # before config.gin is rewritten
+    part = saved_part(folder, trainer, init_checkpoint, trainable is not None)
+    check_resumable(folder, part.of(trainer.abstract_state))  # before config.gin is rewritten
     check_run_splits(mixture_or_task_name, task_feature_lengths, trainer.api.family.feature_converter, pack)
     os.makedirs(folder.path, exist_ok=True)
     checkpointer = folder.checkpointer(max_to_keep=keep_checkpoints)
@@ -181,12 +183,18 @@ def train(
                 _keep_import_tokenizer(ModelDir(init_checkpoint), folder, mixture_or_task_name)
 
         if checkpointer.latest_step() is not None:
-            state, data_state = restore_newest_intact(checkpointer, trainer.abstract_state, trainer.state_shardings)
+            saved, data_state = restore_newest_intact(checkpointer, part.of(trainer.abstract_state),
+                                                      part.of(trainer.state_shardings))  # fmt: skip
+            state = part.complete(saved, trainer)
             print(f"Resumed from step {int(state.step)} in {checkpointer.directory}")
         else:
             state, data_state = trainer.init_state(jax.random.key(seed)), {"batches_consumed": 0}
             if init_checkpoint is not None:
                 state = state.replace(params=initial_params(init_checkpoint, trainer, state.params))
+            if part.base is not None and primary:
+                folder.write_base(*part.base)
+                print(f"Checkpoints hold the {len(part.paths)} trained parameter arrays; the rest are read from "
+                      f"{part.base[0].path} (step {part.base[1]}), recorded in {folder.base_path}")  # fmt: skip
         start = int(state.step)
         log.truncate_after(start)
 
@@ -210,7 +218,7 @@ def train(
         if best_checkpoint_metric is not None:
             _check_best_metric(best_checkpoint_metric, [t for e in evaluators for t in e.task_names])
             best = BestCheckpoint(model_dir, best_checkpoint_metric, best_checkpoint_mode, gin.operative_config_str(),
-                                  read_only=not primary)  # fmt: skip
+                                  read_only=not primary, base=part.base)  # fmt: skip
 
         def inference_eval(params, step: int) -> dict[str, float]:
             """{'<task>/<metric>': value} of every evaluated task."""
@@ -268,7 +276,7 @@ def train(
                     bar.set_postfix(loss=f"{train_loss:.3f}", **speed)
                 stop = stop_after(done)
                 if done % checkpoint_every == 0 or done == num_steps or stop:  # before evaluating, which may fail
-                    _save_if_finite(checkpointer, nonfinite, done, state, train_iter.state())
+                    _save_if_finite(checkpointer, nonfinite, done, part.of(state), train_iter.state())
                 if done % eval_every == 0 or done == num_steps:
                     eval_start = time.perf_counter()
                     eval_metrics = evaluate(state.params)
@@ -281,7 +289,7 @@ def train(
                     task_metrics = inference_eval(state.params, done)
                     log.write(done, {f"eval_{k}": v for k, v in task_metrics.items()})
                     note = ""
-                    if best is not None and best.update(done, task_metrics, state.params):
+                    if best is not None and best.update(done, task_metrics, part.of(state).params):
                         note = f" (best {best_checkpoint_metric}: saved to {best.folder.path})"
                     bar.write(f"step {done}: " + ", ".join(f"{k}={v:.4f}" for k, v in task_metrics.items()) + note)
                     last_time += time.perf_counter() - eval_start

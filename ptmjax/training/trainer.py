@@ -18,6 +18,7 @@ from ptmjax.training.losses import LossConfig
 from ptmjax.training.model_api import ModelApi, model_api
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainable import Trainable
+from ptmjax.tree_paths import leaves_by_path
 
 
 class Trainer:
@@ -65,6 +66,11 @@ class Trainer:
 
         loss_config = loss_config or LossConfig()
         selection = self.trainable.selection(plain.abstract_params, api.scanning)
+        # The parameter paths (in the model's own layout) the train step differentiates and updates.
+        self.trained_paths = tuple(
+            path for (path, _), trains in zip(leaves_by_path(api.abstract_params), selection.flags, strict=True)
+            if trains
+        )  # fmt: skip
         train_step = steps.make_train_step(api, tx, schedule, loss_config, rules, num_microbatches, selection)
         self._train_step = jax.jit(
             train_step,
