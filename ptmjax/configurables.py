@@ -6,7 +6,17 @@ Importing this module also registers the seqio tasks and mixtures.
 import gin
 
 from ptmjax import partitioning  # noqa: F401
-from ptmjax.data import downstream_tasks, language_tags, mixtures, objective_tasks, summary_tasks, tasks  # noqa: F401
+from ptmjax.data import (  # noqa: F401
+    classification_head_task,
+    downstream_tasks,
+    language_tags,
+    mixtures,
+    objective_tasks,
+    qa_task,
+    summary_tasks,
+    tagging_task,
+    tasks,
+)
 from ptmjax.evaluation.tasks import glue, squad, summarization, superglue, translation
 from ptmjax.models import albert, bart, bert, electra, gpt2, permutation_lm, t5
 from ptmjax.objectives import translation_lm  # noqa: F401
