@@ -44,6 +44,14 @@ def test_features_put_each_words_tag_on_its_first_piece():
     assert tagged == [('▁"', "B-LIT"), ("▁-", "I-LIT"), ("▁<", "I-LIT"), ("▁", "B-IDENT")]
 
 
+def test_a_byte_vocabulary_tags_the_space_before_each_later_word():
+    words = ("Use", "dumps", "now")
+    features = tagging_task.tagging_features(words, (0, 1, 0), seqio.ByteVocabulary())
+    # U s e ␠ d u m p s ␠ n o w EOS: the words' tags sit on 'U' and on the two spaces.
+    assert features["tags"].tolist() == [0, -1, -1, 1, -1, -1, -1, -1, -1, 0, -1, -1, -1, -1]
+    assert features["inputs"][[3, 9]].tolist() == [ord(" ") + 3] * 2
+
+
 def test_seqio_dataset_cuts_inputs_tags_and_words_together():
     task = seqio.get_mixture_or_task(tagging_task.TAGGING_TASK)
     vocabulary = vocabularies.stdlib_sentencepiece_vocabulary()
