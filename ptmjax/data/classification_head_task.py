@@ -11,7 +11,7 @@ Importing this module registers, with the stdlib SentencePiece vocabulary,
 * 'inputs_pretokenized': the docstring (for reading).
 
 Metric: `metrics.accuracy` (0-100) of class ids: the postprocessor gives an example's 'label' as its
-target and leaves a prediction, the predicted class id (a head's argmax), as it is. Chance level
+target and a prediction, the predicted class id (a head's argmax), as an int. Chance level
 (`majority_class_baseline`: the train split's most frequent class, the first on ties) on
 validation: 8.33 (the classes are balanced: 1/12).
 """
@@ -52,7 +52,7 @@ def module_head_dataset_fn(split: str, shuffle_files: bool, seed: int | None = N
 
 
 def label_postprocessor(output: Any, example: Mapping[str, Any] | None = None, is_target: bool = False) -> int:
-    """A target: the example's 'label'; a prediction (a class id) as it is."""
+    """A target: the example's 'label'; a prediction: the predicted class id, as an int."""
     return int(example["label"]) if is_target else int(output)
 
 

@@ -109,12 +109,10 @@ def qa_dataset_fn(
     split: str, shuffle_files: bool, seed: int | None = None, *, vocabulary: seqio.Vocabulary
 ) -> tf.data.Dataset:
     """seqio `FunctionDataSource` dataset_fn of the features of the module doc, untruncated."""
-    questions = cloze_questions(split)
-    dataset = tf.data.Dataset.from_generator(
-        lambda: (qa_features(question, vocabulary) for question in questions), output_signature=_SIGNATURE
-    )
+    examples = [qa_features(question, vocabulary) for question in cloze_questions(split)]
+    dataset = tf.data.Dataset.from_generator(lambda: iter(examples), output_signature=_SIGNATURE)
     if shuffle_files:
-        dataset = dataset.shuffle(len(questions), seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True)
     return dataset
 
 

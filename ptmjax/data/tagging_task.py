@@ -66,9 +66,9 @@ def tagging_dataset_fn(
     split: str, shuffle_files: bool, seed: int | None = None, *, vocabulary: seqio.Vocabulary
 ) -> tf.data.Dataset:
     """seqio `FunctionDataSource` dataset_fn of the features of the module doc, untruncated."""
-    examples = word_tags(split)
+    examples = [tagging_features(words, tags, vocabulary) for words, tags in word_tags(split)]
     dataset = tf.data.Dataset.from_generator(
-        lambda: (tagging_features(words, tags, vocabulary) for words, tags in examples),
+        lambda: iter(examples),
         output_signature={"inputs": tf.TensorSpec([None], tf.int32), "tags": tf.TensorSpec([None], tf.int32),
                           "words": tf.TensorSpec([None], tf.string)},
     )  # fmt: skip

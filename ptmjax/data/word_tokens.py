@@ -24,7 +24,8 @@ def encode_words(vocabulary: seqio.Vocabulary, words: Sequence[str]) -> tuple[li
     for index, word in enumerate(words):
         word_ids = vocabulary.encode(word if index == 0 else f" {word}")
         if not word_ids:
-            raise ValueError(f"word {word!r} encodes to no ids with {vocabulary}; drop it before encoding")
+            raise ValueError(f"word {word!r} encodes to no ids with {vocabulary}; word labels need a vocabulary "
+                             "that gives every word an id")
         starts.append(len(ids))
         ids.extend(word_ids)
     return ids, starts
