@@ -80,7 +80,7 @@ def cloze_questions(split: str) -> tuple[ClozeQuestion, ...]:
     return tuple(questions)
 
 
-def qa_features(question: ClozeQuestion, vocabulary: seqio.Vocabulary) -> dict[str, np.ndarray]:
+def qa_features(question: ClozeQuestion, vocabulary: seqio.Vocabulary) -> dict[str, Any]:
     """The untruncated features of one example (see the module doc)."""
     eos = word_tokens.require_eos(vocabulary, QA_TASK)
     question_ids, _ = word_tokens.encode_words(vocabulary, question.question)
