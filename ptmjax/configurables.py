@@ -6,7 +6,17 @@ Importing this module also registers the seqio tasks and mixtures.
 import gin
 
 from ptmjax import partitioning  # noqa: F401
-from ptmjax.data import downstream_tasks, language_tags, mixtures, objective_tasks, summary_tasks, tasks  # noqa: F401
+from ptmjax.data import (  # noqa: F401
+    classification_head_task,
+    downstream_tasks,
+    language_tags,
+    mixtures,
+    objective_tasks,
+    qa_task,
+    summary_tasks,
+    tagging_task,
+    tasks,
+)
 from ptmjax.evaluation.tasks import glue, squad, summarization, superglue, translation
 from ptmjax.models import albert, bart, bert, electra, gpt2, permutation_lm, t5
 from ptmjax.objectives import translation_lm  # noqa: F401
@@ -31,6 +41,9 @@ gin.external_configurable(electra.ElectraDiscriminator, module="ptmjax.models")
 gin.external_configurable(electra.ElectraGenerator, module="ptmjax.models")
 gin.external_configurable(permutation_lm.PermutationLM, module="ptmjax.models")
 gin.external_configurable(tasks.register_text_files_task, module="ptmjax.data.tasks")
+gin.external_configurable(classification_head_task.register_module_head_task, module="ptmjax.data")
+gin.external_configurable(tagging_task.register_tagging_task, module="ptmjax.data")
+gin.external_configurable(qa_task.register_qa_task, module="ptmjax.data")
 gin.external_configurable(tasks.register_mixture, module="ptmjax.data.tasks")
 gin.external_configurable(glue.register_glue_tasks, module="ptmjax.evaluation.tasks")
 gin.external_configurable(superglue.register_super_glue_tasks, module="ptmjax.evaluation.tasks")

@@ -195,3 +195,51 @@ def record(targets: Sequence[Mapping[str, Any]], predictions: Sequence[Mapping[s
     T5's `deduplicate_metric(squad)`."""
     targets, predictions = _first_per_group(targets, predictions)
     return squad([target["value"] for target in targets], [prediction["value"] for prediction in predictions])
+
+
+def bio_spans(tags: Sequence[str]) -> set[tuple[int, int, str]]:
+    """(first, last, type) of each span of BIO tag names, as seqeval's default (IOB2, lenient) mode reads them:
+    a span starts at B-X, or at an I-X after O or after a tag of another type, and runs over the I-X after it."""
+    spans, start, kind = set(), None, None
+    for index, tag in enumerate([*tags, "O"]):
+        prefix, _, tag_kind = tag.partition("-")
+        if start is not None and (prefix != "I" or tag_kind != kind):
+            spans.add((start, index - 1, kind))
+            start = None
+        if prefix == "B" or (prefix == "I" and start is None):
+            start, kind = index, tag_kind
+    return spans
+
+
+def token_tagging(tag_names: Sequence[str]) -> Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], dict]:
+    """Token accuracy and span F1 of BIO tagging: {'token_accuracy', 'span_precision', 'span_recall', 'span_f1'}.
+
+    Each target is an example's tag ids, -1 where nothing is scored (a word's later sub-tokens, EOS,
+    padding); its prediction holds a tag id at least at every scored position (others are ignored).
+    Token accuracy is over the scored positions; spans (`bio_spans`) are read from the scored positions
+    only and count when their boundaries and type match exactly, micro-averaged over all examples
+    (seqeval's span F1; no predicted span gives precision 0).
+    """
+    names = list(tag_names)
+
+    def metric(targets: Sequence[Sequence[int]], predictions: Sequence[Sequence[int]]) -> dict[str, float]:
+        correct = scored = matched = num_gold = num_predicted = 0
+        for target, prediction in zip(targets, predictions, strict=True):
+            target = np.asarray(target)
+            positions = np.flatnonzero(target >= 0)
+            gold, predicted = target[positions], np.asarray(prediction)[positions]
+            if ((predicted < 0) | (predicted >= len(names))).any():
+                raise ValueError(f"predicted tag ids {sorted(set(predicted.tolist()))} must lie in 0..{len(names) - 1}"
+                                 " at every scored position")  # fmt: skip
+            correct, scored = correct + int((gold == predicted).sum()), scored + len(positions)
+            gold_spans = bio_spans([names[i] for i in gold])
+            predicted_spans = bio_spans([names[i] for i in predicted])
+            matched += len(gold_spans & predicted_spans)
+            num_gold, num_predicted = num_gold + len(gold_spans), num_predicted + len(predicted_spans)
+        precision = matched / num_predicted if num_predicted else 0.0
+        recall = matched / num_gold if num_gold else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if matched else 0.0
+        return {"token_accuracy": 100.0 * correct / max(scored, 1), "span_precision": 100.0 * precision,
+                "span_recall": 100.0 * recall, "span_f1": 100.0 * f1}  # fmt: skip
+
+    return metric

@@ -77,11 +77,13 @@ def test_bert_style_inputs_are_masked_targets_are_the_text():
                                   seed=0, shuffle=False).as_numpy_iterator())
 
 
-def test_every_gin_run_registers_the_downstream_task():
-    """A fresh process that imports what gin files rely on knows the task by name, with no extra import."""
+def test_every_gin_run_registers_the_downstream_tasks():
+    """A fresh process that imports what gin files rely on knows the tasks by name, with no extra import."""
     import subprocess
     import sys
 
     code = "import ptmjax.configurables, seqio; print(seqio.TaskRegistry.names())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "ptmjax_stdlib_module_classification" in out
+    for task in ("ptmjax_stdlib_module_classification", "ptmjax_stdlib_module_classification_head",
+                 "ptmjax_stdlib_code_tagging", "ptmjax_stdlib_code_qa"):
+        assert repr(task) in out
