@@ -50,9 +50,12 @@ def candidate_rows(
 
 def candidate_log_likelihoods(
     model: nn.Module, params: Any, inputs: Sequence[Sequence[int]], candidate_tokens: np.ndarray,
-    task_feature_lengths: Mapping[str, int], batch_size: int = 32,
+    task_feature_lengths: Mapping[str, int], batch_size: int = 32, causal_prompt: bool = False,
 ) -> np.ndarray:
-    """float64 [n, c]: log p(candidate j | example i) for n examples and candidates [c, t] (padded with 0)."""
+    """float64 [n, c]: log p(candidate j | example i) for n examples and candidates [c, t] (padded with 0).
+
+    A decoder-only model reads the example as a bidirectional prefix (prefix LM), or with `causal_prompt`
+    causally, as a causal LM such as GPT-2 was trained to read its prompt."""
     api = model_api(model)
     if api.family.targets != SCORED_TARGETS:
         raise ValueError(
@@ -63,6 +66,8 @@ def candidate_log_likelihoods(
     converter = api.family.feature_converter(pack=False)
     num_candidates = len(candidate_tokens)
     rows = candidate_rows(inputs, candidate_tokens, converter, task_feature_lengths, batch_size * num_candidates)
+    if causal_prompt:
+        rows = ({k: v for k, v in batch.items() if k != "decoder_causal_attention"} for batch in rows)
     scores = [np.asarray(score(params, batch), np.float64) for batch in rows]
     return np.concatenate(scores).reshape(len(inputs), num_candidates)
 
