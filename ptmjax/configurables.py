@@ -6,6 +6,7 @@ Importing this module also registers the seqio tasks and mixtures.
 import gin
 
 from ptmjax import partitioning  # noqa: F401
+from ptmjax.adapt import lora
 from ptmjax.data import downstream_tasks, language_tags, mixtures, objective_tasks, summary_tasks, tasks  # noqa: F401
 from ptmjax.evaluation.tasks import glue, squad, summarization, superglue, translation
 from ptmjax.models import albert, bart, bert, electra, gpt2, permutation_lm, t5
@@ -21,6 +22,7 @@ gin.external_configurable(electra.ElectraPretraining, module="ptmjax.models")
 gin.external_configurable(electra.ElectraDiscriminator, module="ptmjax.models")
 gin.external_configurable(electra.ElectraGenerator, module="ptmjax.models")
 gin.external_configurable(permutation_lm.PermutationLM, module="ptmjax.models")
+gin.external_configurable(lora.lora, module="ptmjax.adapt")
 gin.external_configurable(tasks.register_text_files_task, module="ptmjax.data.tasks")
 gin.external_configurable(tasks.register_mixture, module="ptmjax.data.tasks")
 gin.external_configurable(glue.register_glue_tasks, module="ptmjax.evaluation.tasks")
