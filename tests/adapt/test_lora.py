@@ -17,7 +17,7 @@ from lora_test_models import BASE_MODELS, GPT2_TINY, batch, init_params, with_ra
 from ptmjax.adapt.lora import LORA_PARAMS, LoraSettings, base_model, lora
 from ptmjax.adapt.lora_merge import merge_lora
 from ptmjax.layers import layer_stack
-from ptmjax.models import GPT2
+from ptmjax.models import GPT2, Bert, BertConfig
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.model_api import DECODER_ONLY, family_of, model_api
 from ptmjax.tree_paths import leaves_by_path
@@ -100,9 +100,9 @@ def test_gradients_reach_the_lora_parameters_as_the_chain_rule_through_the_merge
                                        atol=1e-6)  # fmt: skip
 
 
-def test_scanned_lora_equals_unscanned_and_merges_to_the_scanned_merge():
+def test_scanned_rematerialised_lora_equals_unscanned_and_merges_to_the_scanned_merge():
     plain = lora(BASE_MODELS["gpt2"], RANK, ALPHA)
-    scanned = lora(GPT2(dataclasses.replace(GPT2_TINY, scan_layers=True)), RANK, ALPHA)
+    scanned = lora(GPT2(dataclasses.replace(GPT2_TINY, scan_layers=True, remat_policy="full")), RANK, ALPHA)
     boxed = model_api(scanned).boxed_abstract_params["layers"]["attention"]["query"]
     assert boxed["lora_a"].names == ("layers", "embed", None)
     assert boxed["lora_b"].names == ("layers", None, "heads", "kv")
@@ -131,10 +131,25 @@ def test_lora_dropout_applies_only_with_enable_dropout():
     assert np.abs(train(0) - train(1)).max() > 0.1
 
 
+def lora_paths(model: nn.Module) -> set[str]:
+    return {p for p, _ in leaves_by_path(model_api(model).abstract_params) if re.search(LORA_PARAMS, p)}
+
+
 def test_targets_choose_the_adapted_projections_and_a_regex_matching_nothing_is_refused():
+    pairs = [(i, ab) for i in range(2) for ab in "ab"]
+    assert lora_paths(lora(BASE_MODELS["t5"])) == {
+        f"{stack}/layers_{i}/{attention}/{projection}/lora_{ab}" for i, ab in pairs for projection in ("query", "value")
+        for stack, attention in [("encoder", "attention"), ("decoder", "self_attention"),
+                                 ("decoder", "encoder_decoder_attention")]
+    }  # fmt: skip
+    bert = Bert(BertConfig(
+        vocab_size=64, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=16, type_vocab_size=2,
+        dropout_rate=0.0, attention_dropout_rate=0.0,
+    ))  # fmt: skip
+    bert_paths = {f"layers_{i}/attention/{p}/lora_{ab}" for i, ab in pairs for p in ("query", "value")}
+    assert lora_paths(lora(bert)) == bert_paths
     mlp_only = lora(BASE_MODELS["gpt2"], RANK, ALPHA, targets=r".*mlp/wi")
-    paths = {p for p, _ in leaves_by_path(model_api(mlp_only).abstract_params) if re.search(LORA_PARAMS, p)}
-    assert paths == {f"layers_{i}/mlp/wi/lora_{ab}" for i in range(2) for ab in "ab"}
+    assert lora_paths(mlp_only) == {f"layers_{i}/mlp/wi/lora_{ab}" for i, ab in pairs}
     with pytest.raises(ValueError, match=r"targets='query' match no Dense module of LoraGPT2 .*layers_0/attention/q"):
         model_api(lora(BASE_MODELS["gpt2"], targets="query")).init(jax.random.key(0))
     with pytest.raises(ValueError, match="already has LoRA"):
