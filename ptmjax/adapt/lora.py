@@ -96,7 +96,7 @@ def lora(
         raise ValueError(f"lora needs a Flax module to adapt, got {type(model).__name__}; e.g. lora.model = @GPT2()")
     if isinstance(model, _LoraModel):
         raise ValueError(f"{type(model).__name__} already has LoRA; apply lora to the base model once.")
-    return lora_class(type(model))(**_fields(model, type(model)), lora=LoraSettings(rank, alpha, dropout, targets))
+    return _lora_class(type(model))(**_fields(model, type(model)), lora=LoraSettings(rank, alpha, dropout, targets))
 
 
 def base_model(model: nn.Module) -> nn.Module:
@@ -114,13 +114,13 @@ def _fields(model: nn.Module, cls: type[nn.Module]) -> dict[str, Any]:
 
 
 class _LoraModel:
-    """Marks the classes `lora_class` makes."""
+    """Marks the classes `_lora_class` makes."""
 
     lora: LoraSettings
 
 
 @functools.cache
-def lora_class(base: type[nn.Module]) -> type[nn.Module]:
+def _lora_class(base: type[nn.Module]) -> type[nn.Module]:
     """`base` subclassed with a `lora: LoraSettings` field and every entry method intercepted (one class per base)."""
     namespace: dict[str, Any] = {
         "__module__": __name__, "__annotations__": {"lora": LoraSettings},
