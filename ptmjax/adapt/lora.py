@@ -47,7 +47,7 @@ from ptmjax.layers.dense import Dense
 
 Array = jax.Array
 
-LORA_PARAMS = r"^(.*/)?lora_[ab]$"  # the LoRA parameters' paths (tree_paths.path_name), e.g. 'decoder/.../query/lora_a'
+LORA_PARAMS = r"^(.*/)?lora_[ab]$"  # unboxed paths (tree_paths.path_name), e.g. 'decoder/.../query/lora_a'
 QUERY_AND_VALUE = r".*attention/(query|value)"  # every family's self- and cross-attention query and value projections
 
 
