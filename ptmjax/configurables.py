@@ -6,6 +6,7 @@ Importing this module also registers the seqio tasks and mixtures.
 import gin
 
 from ptmjax import partitioning  # noqa: F401
+from ptmjax.adapt import lora
 from ptmjax.data import (  # noqa: F401
     classification_head_task,
     downstream_tasks,
@@ -40,6 +41,7 @@ gin.external_configurable(electra.ElectraPretraining, module="ptmjax.models")
 gin.external_configurable(electra.ElectraDiscriminator, module="ptmjax.models")
 gin.external_configurable(electra.ElectraGenerator, module="ptmjax.models")
 gin.external_configurable(permutation_lm.PermutationLM, module="ptmjax.models")
+gin.external_configurable(lora.lora, module="ptmjax.adapt")
 gin.external_configurable(tasks.register_text_files_task, module="ptmjax.data.tasks")
 gin.external_configurable(classification_head_task.register_module_head_task, module="ptmjax.data")
 gin.external_configurable(tagging_task.register_tagging_task, module="ptmjax.data")
