@@ -6,7 +6,7 @@ Importing this module also registers the seqio tasks and mixtures.
 import gin
 
 from ptmjax import partitioning  # noqa: F401
-from ptmjax.adapt import lora
+from ptmjax.adapt import bitfit, lora
 from ptmjax.data import (  # noqa: F401
     classification_head_task,
     downstream_tasks,
@@ -52,3 +52,6 @@ gin.external_configurable(superglue.register_super_glue_tasks, module="ptmjax.ev
 gin.external_configurable(squad.register_squad_task, module="ptmjax.evaluation.tasks")
 gin.external_configurable(summarization.register_summarization_tasks, module="ptmjax.evaluation.tasks")
 gin.external_configurable(translation.register_translation_task, module="ptmjax.evaluation.tasks")
+# Parameter-path patterns for train.trainable, e.g. `train.trainable = [%ptmjax.adapt.LORA_PARAMS]`.
+gin.constant("ptmjax.adapt.LORA_PARAMS", lora.LORA_PARAMS)
+gin.constant("ptmjax.adapt.BITFIT_PARAMS", bitfit.BITFIT_PARAMS)

@@ -40,7 +40,7 @@ def check_entry_point_values(entry_points: tuple[str, ...] = ENTRY_POINTS) -> No
 def fits(value: Any, hint: Any) -> bool:
     """Whether `value` can be passed where `hint` is annotated (True where the hint has no runtime check)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
+    if hint is Any or _is_reference(value):  # also inside a list: [%MACRO]
         return True
     if hint is None or hint is type(None):
         return value is None

@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.adapt.lora import LoraSettings
+from ptmjax.adapt.lora import LoraSettings, base_model
 
 Array = jax.Array
 
@@ -27,6 +27,13 @@ def merge_lora(params: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:
             f"merge_lora needs the LoRA model of the parameters (ptmjax.adapt.lora.lora), got {type(model).__name__}."
         )
     return _merged(params, settings.scale)
+
+
+def without_lora(model: nn.Module, params: Mapping[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
+    """The plain model and its parameters, LoRA folded in, when `model` is a LoRA model; else both as they are."""
+    if not isinstance(getattr(model, "lora", None), LoraSettings):
+        return model, params
+    return base_model(model), merge_lora(params, model)
 
 
 def _merged(tree: Mapping[str, Any], scale: float) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import os
 import flax.linen as nn
 
 from ptmjax import gin_files
+from ptmjax.adapt.lora_merge import without_lora
 from ptmjax.convert import hf, hf_tokenizer
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.layers import layer_stack
@@ -61,9 +62,9 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None) -> str:
     folder = ModelDir(model_dir)
     model, _ = gin_files.read_model_config(folder)
     api = model_api(model)
-    params = folder.read_params(api.abstract_params, step=step)
+    model, params = without_lora(model, folder.read_params(api.abstract_params, step=step))  # LoRA merged
     if api.scanning:  # Hugging Face's layout is the unscanned one
-        params, model = layer_stack.unscan(params, model.config), api.unscanned().module
+        params, model = layer_stack.unscan(params, model.config), layer_stack.with_scan_layers(model, False)
     imported = os.path.isfile(folder.generation_path)
     trained = "mixture_or_task_name" in gin_files.read_train_bindings(folder)
     hf.save(model, params, hf_dir, gin_files.folder_generation_ids(folder) if imported or trained else None)

@@ -1,0 +1,64 @@
+"""LoRA fine-tuning from gin as a user runs it: over a pre-trained run, saving only the LoRA matrices, exported
+to Hugging Face merged, with the logits of the LoRA model."""
+
+import gin
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from ptmjax import gin_files
+from ptmjax.adapt.lora import LORA_PARAMS
+from ptmjax.convert import checkpoint
+from ptmjax.model_dir import ModelDir
+from ptmjax.training import loop
+from ptmjax.training.model_api import model_api
+from ptmjax.tree_paths import shapes_by_path
+
+SHORT = ["train.task_feature_lengths = {'inputs': 32, 'targets': 8}", "train.batch_size = 8", "train.num_steps = 2",
+         "train.eval_every = 2", "train.eval_batches = 1", "train.checkpoint_every = 2", "train.show_progress = False",
+         "rsqrt_with_warmup.warmup_steps = 1"]  # fmt: skip
+
+
+def train(run_file: str, model_dir, *bindings: str) -> None:
+    gin_files.parse_gin([run_file], [*SHORT, *bindings])
+    try:
+        loop.train(str(model_dir))
+    finally:
+        gin.clear_config()
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    train("runs/demo.gin", root / "demo")
+    train("runs/lora_demo.gin", root / "lora", f"train.init_checkpoint = '{root / 'demo'}'",
+          "train.inference_eval_examples = 8", "rsqrt_with_warmup.peak_learning_rate = 0.05")  # fmt: skip
+    return root
+
+
+def test_a_lora_run_saves_only_the_lora_matrices(lora_run):
+    import re
+
+    folder = ModelDir(lora_run / "lora")
+    saved = shapes_by_path(folder.state_metadata()["params"])
+    assert saved and all(re.fullmatch(LORA_PARAMS, path) for path in saved)
+    assert len(saved) == 2 * 2 * (2 + 2 + 2)  # A and B, query and value, of 2 encoder and 2 + 2 decoder attentions
+    assert folder.base() == (ModelDir(lora_run / "demo"), 2)
+
+
+def test_the_merged_export_gives_the_lora_models_logits(lora_run):
+    checkpoint.export_hf(str(lora_run / "lora"), str(lora_run / "hf"))
+    folder = ModelDir(lora_run / "lora")
+    model, _ = gin_files.read_model_config(folder)
+    params = folder.read_params(model_api(model).abstract_params)
+    assert np.abs(params["encoder"]["layers_0"]["attention"]["query"]["lora_b"]).max() > 0  # LoRA has moved
+    inputs = np.random.default_rng(0).integers(3, 2000, (2, 12)).astype(np.int32)
+    decoder_inputs = np.random.default_rng(1).integers(3, 2000, (2, 5)).astype(np.int32)
+    decoder_inputs[:, 0] = 0
+    want = np.asarray(model.apply({"params": params}, encoder_input_tokens=inputs, decoder_input_tokens=decoder_inputs))
+    hf_model = transformers.T5ForConditionalGeneration.from_pretrained(lora_run / "hf").eval()
+    with torch.no_grad():
+        got = hf_model(input_ids=torch.tensor(inputs, dtype=torch.long),
+                       decoder_input_ids=torch.tensor(decoder_inputs, dtype=torch.long)).logits.numpy()  # fmt: skip
+    np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
