@@ -55,7 +55,8 @@ class FirstTokenClassifier(nn.Module):
     def __call__(self, hidden: Array, enable_dropout: bool = False) -> Array:
         if self.activation not in HEAD_ACTIVATIONS:
             raise ValueError(
-                f"FirstTokenClassifier.activation={self.activation!r} is unknown; use one of {sorted(HEAD_ACTIVATIONS)}."
+                f"FirstTokenClassifier.activation={self.activation!r} is unknown; "
+                f"use one of {sorted(HEAD_ACTIVATIONS)}."
             )
         kw = {"use_bias": True, "dtype": self.dtype, "param_dtype": self.param_dtype}
         drop = nn.Dropout(self.dropout_rate, deterministic=not enable_dropout)

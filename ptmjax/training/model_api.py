@@ -144,7 +144,8 @@ def decoder_sequence_head_family(module: GPT2ForSequenceClassification) -> Famil
     converter = task_head_converters.DecoderClassificationFeatureConverter
     if family is SEQUENCE_REGRESSION:
         converter = task_head_converters.DecoderRegressionFeatureConverter
-    return dataclasses.replace(family, feature_converter=task_head_converters.padded_with(converter, module.pad_token_id))
+    converter = task_head_converters.padded_with(converter, module.pad_token_id)
+    return dataclasses.replace(family, feature_converter=converter)
 
 
 FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
