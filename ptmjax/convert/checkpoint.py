@@ -23,7 +23,6 @@ from ptmjax.layers import layer_stack
 from ptmjax.model_dir import ModelDir
 from ptmjax.training.model_api import model_api
 
-
 MODULE_FIELDS_NOT_BOUND = ("config", "parent", "name")
 
 
