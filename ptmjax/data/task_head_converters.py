@@ -39,7 +39,6 @@ class TaskHeadFeatureConverter(seqio.FeatureConverter):
     PACKING_FEATURE_DTYPES = {}
     LABELS: dict[str, tf.DType] = {}
     PAD_ID = 0
-    OPTIONAL_SEQUENCES = ("token_type_ids",)
 
     def __init__(self, pack: bool = False, **kwargs):
         if pack:

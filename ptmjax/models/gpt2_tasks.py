@@ -6,7 +6,7 @@ logits; a row's logits are those of its last token that is not
 position 0). The backbone is `GPT2` itself, so its parameter paths are the
 pre-trained model's. Rows are right-padded: causal attention keeps a real
 token from seeing the padding after it, so no padding mask is needed.
-regression when num_labels == 1 (as HF).
+A regression when num_labels == 1 (as HF).
 """
 
 from __future__ import annotations

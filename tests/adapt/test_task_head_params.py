@@ -15,6 +15,7 @@ from ptmjax.models.encoder_tasks import (
     EncoderForTokenClassification,
 )
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
+from ptmjax.training.model_api import model_api
 
 SMALL = {"vocab_size": 64, "d_model": 32, "num_heads": 4, "num_layers": 2, "d_ff": 64, "max_length": 16}
 BERT, ALBERT = BertConfig(**SMALL), AlbertConfig(**SMALL, embedding_size=16)
@@ -53,3 +54,11 @@ def test_backbone_paths_are_the_pretrained_models(name):
     task_model, pretrained, task_head, pretrained_head = CASES[name]
     assert shapes_by_path(task_model, task_head) == shapes_by_path(pretrained, pretrained_head)
     assert shapes_by_path(task_model, set()).keys() - shapes_by_path(task_model, task_head).keys()  # a head exists
+
+
+def test_heads_neither_score_nor_generate():
+    api = model_api(CASES["bert_span"][0])
+    with pytest.raises(ValueError, match="fine-tuning head without target tokens to score"):
+        api.score(None, {})
+    with pytest.raises(ValueError, match="does not generate text"):
+        api.predict(None, {}, None, None)
