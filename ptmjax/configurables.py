@@ -19,7 +19,7 @@ from ptmjax.data import (  # noqa: F401
     tasks,
 )
 from ptmjax.evaluation.tasks import glue, squad, summarization, superglue, translation
-from ptmjax.models import albert, bart, bert, electra, gpt2, permutation_lm, t5
+from ptmjax.models import albert, bart, bert, electra, encoder_tasks, gpt2, gpt2_tasks, permutation_lm, t5
 from ptmjax.objectives import translation_lm  # noqa: F401
 from ptmjax.training import (  # noqa: F401
     checkpoints,
@@ -42,6 +42,10 @@ gin.external_configurable(electra.ElectraDiscriminator, module="ptmjax.models")
 gin.external_configurable(electra.ElectraGenerator, module="ptmjax.models")
 gin.external_configurable(permutation_lm.PermutationLM, module="ptmjax.models")
 gin.external_configurable(lora.lora, module="ptmjax.adapt")
+gin.external_configurable(encoder_tasks.EncoderForSequenceClassification, module="ptmjax.models")
+gin.external_configurable(encoder_tasks.EncoderForTokenClassification, module="ptmjax.models")
+gin.external_configurable(encoder_tasks.EncoderForQuestionAnswering, module="ptmjax.models")
+gin.external_configurable(gpt2_tasks.GPT2ForSequenceClassification, module="ptmjax.models")
 gin.external_configurable(tasks.register_text_files_task, module="ptmjax.data.tasks")
 gin.external_configurable(classification_head_task.register_module_head_task, module="ptmjax.data")
 gin.external_configurable(tagging_task.register_tagging_task, module="ptmjax.data")

@@ -24,12 +24,19 @@ from ptmjax.layers import layer_stack
 from ptmjax.model_dir import ModelDir
 from ptmjax.training.model_api import model_api
 
+MODULE_FIELDS_NOT_BOUND = ("config", "parent", "name")
+
 
 def model_gin(model: nn.Module) -> str:
-    """Gin bindings that rebuild `model`: `train.model = @Class()`, its config and every config field."""
+    """Gin bindings that rebuild `model`: `train.model = @Class()`, its own fields that differ from their defaults
+    (a task head's num_labels), its config and every config field."""
     config = model.config
     config_name, model_name = type(config).__name__, type(model).__name__
     lines = [f"train.model = @{model_name}()", f"{model_name}.config = @{config_name}()"]
+    lines += [
+        f"{model_name}.{f.name} = {getattr(model, f.name)!r}" for f in dataclasses.fields(model)
+        if f.name not in MODULE_FIELDS_NOT_BOUND and f.init and getattr(model, f.name) != f.default
+    ]  # fmt: skip
     lines += [f"{config_name}.{f.name} = {getattr(config, f.name)!r}" for f in dataclasses.fields(config)]
     return "\n".join(lines) + "\n"
 

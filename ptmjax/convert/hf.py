@@ -4,7 +4,9 @@ A directory is what `transformers` writes with `save_pretrained`: config.json
 plus model.safetensors (or pytorch_model.bin, read with `weights_only=True`;
 sharded checkpoints with their *.index.json too, whose shards must lie inside
 the directory). The family comes from config.json's `model_type`, the
-pre-training head from its `architectures`.
+pre-training head from its `architectures`; a fine-tuning class there
+(BertForSequenceClassification, GPT2ForSequenceClassification, ...) gives
+the matching ptmjax task model (hf_task_heads.py).
 Reading needs only safetensors (or torch for .bin files); writing needs
 transformers for the config (`pip install -e ".[hf]"`).
 """
@@ -20,7 +22,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import numpy as np
 
-from ptmjax.convert import hf_albert, hf_bart, hf_bert, hf_electra, hf_gpt2, hf_t5
+from ptmjax.convert import hf_albert, hf_bart, hf_bert, hf_electra, hf_gpt2, hf_t5, hf_task_heads
 from ptmjax.convert.state_dict import to_numpy
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.models import (
@@ -87,7 +89,8 @@ def head_of_config(hf_config: Mapping[str, Any]) -> tuple[ModuleType, Head]:
         if declared or len(heads) > 1:
             raise ValueError(
                 f"config.json declares architectures {declared}; ptmjax imports {model_type} checkpoints of "
-                f"{', '.join(heads)} (the pre-training heads); export the model with one of them"
+                f"{', '.join(heads)} (the pre-training heads) and the fine-tuning classes of "
+                f"ptmjax.convert.hf_task_heads; export the model with one of them"
             )
         known = list(heads)
     return converter, heads[known[0]]
@@ -169,6 +172,9 @@ def load(path: str, dtype: str = "float32", param_dtype: str = "float32") -> tup
         raise FileNotFoundError(f"{path} has no config.json; point to a directory written by save_pretrained")
     with open(config_path) as f:
         hf_config = json.load(f)
+    if hf_task_heads.task_class_of_config(hf_config) is not None:
+        model = hf_task_heads.from_hf_config(hf_config, dtype=dtype, param_dtype=param_dtype)
+        return model, hf_task_heads.hf_to_params(read_state_dict(path), model)["params"]
     converter, head = head_of_config(hf_config)
     config = converter.from_hf_config(hf_config, dtype=dtype, param_dtype=param_dtype, **head.config_kwargs)
     params = converter.hf_to_params(read_state_dict(path), config, **head.convert_kwargs)
@@ -194,10 +200,13 @@ def save(model: nn.Module, params: Mapping[str, Any], path: str, generation_ids:
             role_params = {**tree[role], "embeddings": tree["embeddings"]}
             save(role_class(getattr(model.config, role)), role_params, os.path.join(path, role), generation_ids)
         return path
-    converter, hf_class, head = head_of_model(model)
-    hf_config = converter.to_hf_config(model.config)
-    hf_config.architectures = [hf_class]
-    state = converter.params_to_hf(params, model.config, **head.convert_kwargs)
+    if hf_task_heads.is_task_model(model):
+        hf_config, state = hf_task_heads.to_hf_config(model), hf_task_heads.params_to_hf(params, model)
+    else:
+        converter, hf_class, head = head_of_model(model)
+        hf_config = converter.to_hf_config(model.config)
+        hf_config.architectures = [hf_class]
+        state = converter.params_to_hf(params, model.config, **head.convert_kwargs)
     os.makedirs(path, exist_ok=True)
     if generation_ids is not None:
         from transformers import GenerationConfig

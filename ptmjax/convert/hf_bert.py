@@ -86,13 +86,14 @@ def build_hf_model(config: BertConfig) -> Any:
     return getattr(transformers, hf_class_name(config))(to_hf_config(config))
 
 
-def _layout(config: BertConfig) -> HFLayout:
+def layout(config: BertConfig) -> HFLayout:
+    """Where BERT (`bert.` keys) or RoBERTa (`roberta.` keys) keeps the backbone."""
     base = family(config)
     return HFLayout(embeddings=f"{base}.embeddings", layer=f"{base}.encoder.layer.{{}}", **BERT_LAYER_NAMES)
 
 
 def _rules(config: BertConfig) -> list[Rule]:
-    rules = backbone_rules(config, _layout(config))
+    rules = backbone_rules(config, layout(config))
     if family(config) == "roberta":
         rules += mlm_head_rules("lm_head.dense", "lm_head.layer_norm", "lm_head.bias")
     else:
@@ -118,7 +119,7 @@ def hf_to_params(state_dict: dict[str, Any], config: BertConfig) -> Params:
 
     Tied copies and the derived buffers embeddings.position_ids / token_type_ids are ignored.
     """
-    return state_to_params(state_dict, _rules(config), _tied_keys(config), _layout(config), str(config))
+    return state_to_params(state_dict, _rules(config), _tied_keys(config), layout(config), str(config))
 
 
 def params_to_hf(params: Params, config: BertConfig) -> dict[str, np.ndarray]:

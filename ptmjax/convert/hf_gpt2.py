@@ -81,7 +81,8 @@ def build_hf_model(config: GPT2Config) -> Any:
     return transformers.GPT2LMHeadModel(to_hf_config(config))
 
 
-def _rules(config: GPT2Config) -> list[Rule]:
+def backbone_rules(config: GPT2Config) -> list[Rule]:
+    """The transformer's rules (`transformer.` keys), which are all of GPT2LMHeadModel's but the tied lm_head."""
     e, h, d = config.d_model, config.num_heads, config.head_dim
     rules = [
         one_to_one("transformer.wte.weight", ("token_embedder", "embedding")),
@@ -126,11 +127,11 @@ def hf_to_params(state_dict: dict[str, Any], config: GPT2Config) -> Params:
     The tied lm_head.weight and the legacy causal-mask buffers (attn.bias, attn.masked_bias) are ignored.
     """
     buffers = {k for k in state_dict if k.endswith((".attn.bias", ".attn.masked_bias"))}
-    return rules_to_params(state_dict, _rules(config), {"lm_head.weight"} | buffers, str(config))
+    return rules_to_params(state_dict, backbone_rules(config), {"lm_head.weight"} | buffers, str(config))
 
 
 def params_to_hf(params: Params, config: GPT2Config) -> dict[str, np.ndarray]:
     """ptmjax params -> every key of GPT2LMHeadModel's `state_dict()` (lm_head.weight is the tied wte)."""
-    state = params_to_rules(params, _rules(config), str(config))
+    state = params_to_rules(params, backbone_rules(config), str(config))
     state["lm_head.weight"] = state["transformer.wte.weight"]
     return state

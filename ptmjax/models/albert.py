@@ -58,6 +58,10 @@ class AlbertConfig(EncoderConfig):
     def pair_dropout_rate(self) -> float:
         return self.classifier_dropout_rate
 
+    @property
+    def classifier_dropout_rate_default(self) -> float:
+        return self.classifier_dropout_rate  # HF ALBERT's fine-tuning heads use classifier_dropout_prob
+
 
 @flax.struct.dataclass
 class AlbertOutput:

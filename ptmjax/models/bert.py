@@ -43,6 +43,11 @@ class BertConfig(EncoderConfig):
         """RoBERTa's LM head (HF RobertaLMHead) applies erf GELU whatever the encoder's activation."""
         return "gelu_exact" if self.positions_after_padding else self.activation
 
+    @property
+    def classifier_activation(self) -> str | None:
+        """RoBERTa classifies with HF RobertaClassificationHead (tanh, no pooler); BERT with its pooler."""
+        return "tanh" if self.positions_after_padding else None
+
 
 @flax.struct.dataclass
 class BertOutput:

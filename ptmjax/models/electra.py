@@ -58,6 +58,10 @@ class ElectraConfig(EncoderConfig):
     def mlm_activation(self) -> str:
         return "gelu_exact"  # HF ElectraGeneratorPredictions uses 'gelu' whatever hidden_act is
 
+    @property
+    def classifier_activation(self) -> str | None:
+        return "gelu_exact"  # HF ElectraClassificationHead: dense, 'gelu', out_proj on the first token
+
 
 class ElectraGenerator(MaskedLMEncoder):
     """input_tokens [b, s] (MLM-masked) -> float32 MLM logits [b, s, vocab]."""

@@ -134,6 +134,17 @@ class EncoderConfig(ModelConfig):
         """Activation of the MLM head's transform."""
         return self.activation
 
+    @property
+    def classifier_activation(self) -> str | None:
+        """The sequence classifier: None = BERT's tanh pooler then a linear classifier; else the activation of
+        a dense + activation + out_proj head on the first token (RoBERTa 'tanh', ELECTRA 'gelu_exact')."""
+        return None
+
+    @property
+    def classifier_dropout_rate_default(self) -> float:
+        """Dropout before a fine-tuning classifier when the model sets none (HF: hidden_dropout_prob)."""
+        return self.dropout_rate
+
 
 class Embeddings(nn.Module):
     """Token + position + token-type embeddings, LayerNorm, dropout: ids [b, s] -> [b, s, embed_dim]."""

@@ -26,12 +26,18 @@ import seqio
 from flax import linen as nn
 
 from ptmjax import decoding
-from ptmjax.data import feature_converters
+from ptmjax.data import feature_converters, task_head_converters
 from ptmjax.layers import layer_stack
 from ptmjax.models import GPT2
 from ptmjax.models.electra import ElectraPretraining
 from ptmjax.models.encoder import MaskedLMEncoder
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
+from ptmjax.models.encoder_tasks import (
+    EncoderForQuestionAnswering,
+    EncoderForSequenceClassification,
+    EncoderForTokenClassification,
+)
+from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
 from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.training import model_losses
 from ptmjax.training.losses import LossConfig
@@ -51,8 +57,10 @@ class Family:
       feature_converter: the seqio converter class (constructed with `pack=`).
       init_fields: the model inputs that `module.init` needs, as [batch, length] ints.
       target_fields: batch features the loss reads and the module does not take.
-      targets: the [batch, length] feature of target token ids that `score` reads.
-      loss_weights: the [batch, length] feature that weighs the targets; its sum normalises the token loss.
+      targets: the [batch, length] feature of target token ids that `score` reads; None for a
+        fine-tuning head, which has no target tokens to score.
+      loss_weights: the feature that weighs the targets ([batch, length], or [batch] for a head that
+        scores whole examples); its sum normalises the token loss.
       loss: the family's loss (ptmjax/training/model_losses.py).
       target_logits: the [batch, length, vocab] logits the targets are scored
         against, taken from the module's output.
@@ -66,7 +74,7 @@ class Family:
     feature_converter: type[seqio.FeatureConverter]
     init_fields: tuple[str, ...]
     target_fields: tuple[str, ...]
-    targets: str
+    targets: str | None
     loss_weights: str
     loss: Loss
     target_logits: Callable[[Any], Array] = lambda outputs: outputs
@@ -105,6 +113,41 @@ REPLACED_TOKEN_DETECTION = dataclasses.replace(
     rng_streams=("sample",),
 )  # fmt: skip
 
+# Fine-tuning heads: one row per example (no packing), weighed by 'example_weight' or per token by 'tag_weights'.
+SEQUENCE_CLASSIFICATION = Family(
+    task_head_converters.SequenceClassificationFeatureConverter, ("input_tokens",), ("label", "example_weight"),
+    None, "example_weight", model_losses.sequence_classification_loss,
+)  # fmt: skip
+SEQUENCE_REGRESSION = dataclasses.replace(
+    SEQUENCE_CLASSIFICATION, feature_converter=task_head_converters.SequenceRegressionFeatureConverter,
+    loss=model_losses.sequence_regression_loss,
+)  # fmt: skip
+TOKEN_TAGGING = Family(
+    task_head_converters.TokenTaggingFeatureConverter, ("input_tokens",), ("tags", "tag_weights"), None,
+    "tag_weights", model_losses.token_tagging_loss,
+)  # fmt: skip
+SPAN_QUESTION_ANSWERING = Family(
+    task_head_converters.SpanQuestionAnsweringFeatureConverter, ("input_tokens",),
+    ("answer_start", "answer_end", "example_weight"), None, "example_weight",
+    model_losses.span_question_answering_loss,
+)  # fmt: skip
+
+
+def sequence_head_family(num_labels: int) -> Family:
+    """Regression when num_labels == 1 (as Hugging Face), else classification."""
+    return SEQUENCE_REGRESSION if num_labels == 1 else SEQUENCE_CLASSIFICATION
+
+
+def decoder_sequence_head_family(module: GPT2ForSequenceClassification) -> Family:
+    """GPT-2's rows carry no token types and are padded with the model's pad_token_id."""
+    family = sequence_head_family(module.num_labels)
+    converter = task_head_converters.DecoderClassificationFeatureConverter
+    if family is SEQUENCE_REGRESSION:
+        converter = task_head_converters.DecoderRegressionFeatureConverter
+    converter = task_head_converters.padded_with(converter, module.pad_token_id)
+    return dataclasses.replace(family, feature_converter=converter)
+
+
 FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
     EncoderDecoderInterface: lambda module: SEQUENCE_TO_SEQUENCE,  # T5, BART
     GPT2: lambda module: DECODER_ONLY,
@@ -112,6 +155,10 @@ FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
     # BERT, RoBERTa, ALBERT: with a sentence-pair head (NSP / SOP) the batches carry sentence pairs.
     MaskedLMEncoder: lambda module: MASKED_LM_WITH_SENTENCE_PAIRS if module.config.pair_head else MASKED_LM,
     ElectraPretraining: lambda module: REPLACED_TOKEN_DETECTION,
+    EncoderForSequenceClassification: lambda module: sequence_head_family(module.num_labels),
+    EncoderForTokenClassification: lambda module: TOKEN_TAGGING,
+    EncoderForQuestionAnswering: lambda module: SPAN_QUESTION_ANSWERING,
+    GPT2ForSequenceClassification: decoder_sequence_head_family,
 }
 
 
@@ -222,6 +269,11 @@ class ModelApi:
         the decoder targets of an encoder-decoder or decoder-only model, the
         masked positions of an MLM (a pseudo-log-likelihood). No dropout.
         """
+        if self.family.targets is None:
+            raise ValueError(
+                f"{type(self.module).__name__} is a fine-tuning head without target tokens to score; score with a "
+                "language model (T5, BART, GPT-2) or a masked-LM encoder"
+            )
         outputs = self.module.apply({"params": params}, **self.model_inputs(batch), rngs=self.rngs(None, False))
         log_probs = jax.nn.log_softmax(self.family.target_logits(outputs).astype(jnp.float32), axis=-1)
         targets = batch[self.family.targets]

@@ -1,4 +1,4 @@
-"""The pre-training loss of each model family, as sums that add over microbatches and batches.
+"""The pre-training and fine-tuning loss of each model family, as sums that add over microbatches and batches.
 
 A family's loss turns the model's outputs and the batch into `LossTerms`:
 - `token_loss`: a loss summed over the batch's weighted target tokens; the
@@ -11,6 +11,9 @@ A family's loss turns the model's outputs and the batch into `LossTerms`:
   per-batch loss has no 'batch_loss' metric (it would always be 0); whether it
   has one is known when the loss is traced, from the model (e.g. BERT with or
   without its sentence-pair head), not from values.
+The fine-tuning heads (classification, regression, span QA) weigh whole
+examples ('example_weight'): their "tokens" are examples, so the optimised
+value is the mean per-example loss.
 
 The 'accuracy' metric (and 'eval_accuracy') is teacher-forced token
 accuracy: the share of weighted target tokens that are the argmax of their
@@ -154,4 +157,43 @@ def replaced_token_detection_loss(outputs: Any, batch: Batch, loss_config: LossC
         batch_loss=loss_config.discriminator_weight * jnp.sum(bce * real) / jnp.maximum(num_real, 1.0),
         discriminator_loss=(jnp.sum(bce * real), num_real), discriminator_accuracy=(right, num_real),
         replaced_fraction=(jnp.sum(labels * real), num_real),
+    )  # fmt: skip
+
+
+def sequence_classification_loss(logits: Array, batch: Batch, loss_config: LossConfig) -> LossTerms:
+    """Cross-entropy of logits [b, num_labels] against 'label' [b], summed over 'example_weight' [b].
+
+    The train step divides by the summed weights, so the optimised value is the mean per-example loss
+    (with LossConfig's z-loss and label smoothing, as every token loss); 'accuracy' is over examples.
+    """
+    return loss_terms(logits[:, None], batch["label"][:, None], batch["example_weight"][:, None], loss_config)
+
+
+def sequence_regression_loss(scores: Array, batch: Batch, loss_config: LossConfig) -> LossTerms:
+    """Squared error of scores [b, 1] against the float 'label' [b], summed over 'example_weight' [b] (HF's MSE)."""
+    del loss_config  # no z-loss or smoothing for a regression
+    weights = batch["example_weight"].astype(jnp.float32)
+    error = jnp.square(scores[:, 0].astype(jnp.float32) - batch["label"].astype(jnp.float32))
+    total, examples = jnp.sum(error * weights), jnp.sum(weights)
+    return LossTerms(total, jnp.zeros((), jnp.float32), Stats.of(token_loss=(total, examples)))
+
+
+def token_tagging_loss(logits: Array, batch: Batch, loss_config: LossConfig) -> LossTerms:
+    """Cross-entropy of logits [b, s, num_labels] against 'tags' on the 'tag_weights' tokens (accuracy over them)."""
+    return loss_terms(logits, batch["tags"], batch["tag_weights"], loss_config)
+
+
+def span_question_answering_loss(outputs: Any, batch: Batch, loss_config: LossConfig) -> LossTerms:
+    """The mean of the start and end cross-entropies over the tokens (HF's QA loss), summed over 'example_weight'.
+
+    outputs: `.start_logits`, `.end_logits` [b, s]; the batch gives 'answer_start', 'answer_end' [b].
+    'accuracy' is the mean of start and end accuracy, 'span_accuracy' the share of exactly right spans.
+    """
+    logits = jnp.stack([outputs.start_logits, outputs.end_logits], axis=1)  # [b, 2, s]
+    targets = jnp.stack([batch["answer_start"], batch["answer_end"]], axis=1)  # [b, 2]
+    weights = batch["example_weight"].astype(jnp.float32)
+    both_right = jnp.all(jnp.argmax(logits, axis=-1) == targets, axis=-1)
+    return loss_terms(
+        logits, targets, jnp.repeat(weights[:, None] / 2, 2, axis=1), loss_config,
+        span_accuracy=(jnp.sum(both_right * weights), jnp.sum(weights)),
     )  # fmt: skip

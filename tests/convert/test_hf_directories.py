@@ -106,7 +106,7 @@ def test_bad_directories_name_the_problem(tmp_path):
     config_path = tmp_path / "hf" / "config.json"
     config = json.loads(config_path.read_text())
     for change, message in (
-        ({"architectures": ["BertForSequenceClassification"]}, "imports bert checkpoints of BertForPreTraining"),
+        ({"architectures": ["BertForMultipleChoice"]}, "imports bert checkpoints of BertForPreTraining"),
         ({"model_type": "reformer"}, "model_type='reformer'"),
         ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
     ):
