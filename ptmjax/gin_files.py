@@ -124,7 +124,7 @@ def folder_vocabulary(path: str | ModelDir = gin.REQUIRED) -> seqio.Vocabulary:
             f"{folder.path} has no {TOKENIZER}/ folder and its {CONFIG_FILE} binds no train.mixture_or_task_name; "
             f"copy the model's Hugging Face tokenizer files into {folder.tokenizer_path}"
         )
-    return pipeline.get_task_or_mixture(getattr(task, "name", task)).output_features["targets"].vocabulary
+    return pipeline.task_vocabulary(getattr(task, "name", task))
 
 
 def folder_generation_ids(folder: ModelDir) -> GenerationIds:

@@ -34,6 +34,12 @@ def get_task_or_mixture(mixture_or_task_name: str) -> seqio.DatasetProviderBase:
         ) from None
 
 
+def task_vocabulary(mixture_or_task_name: str) -> seqio.Vocabulary:
+    """The vocabulary of a task's 'targets', or of its 'inputs' for a task without targets (a head's)."""
+    features = get_task_or_mixture(mixture_or_task_name).output_features
+    return features["targets" if "targets" in features else "inputs"].vocabulary
+
+
 def get_dataset(
     mixture_or_task_name: str,
     split: str,

@@ -8,15 +8,17 @@ compiles once; the caller drops the copies (`count` says how many rows are real)
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 import tensorflow as tf
+from flax import linen as nn
 from jax.experimental import multihost_utils
-from jax.sharding import Sharding
+from jax.sharding import NamedSharding, Sharding
 
+from ptmjax import partitioning
 from ptmjax.inference.batching import padded
 
 
@@ -45,3 +47,22 @@ def on_mesh(features: Mapping[str, np.ndarray], sharding: Sharding) -> dict[str,
 def to_host(array: jax.Array) -> np.ndarray:
     """A (row-sharded) global array as one numpy array on every process."""
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def jit_on_rows(
+    fn: Callable[[Any, Mapping[str, jax.Array]], jax.Array], param_shardings: Any, rows: NamedSharding,
+    rules: partitioning.Rules,
+) -> Callable[[Any, Mapping[str, jax.Array]], jax.Array]:
+    """`fn(params, batch) -> [b, ...]` jitted on the mesh of `rows`, its rows over the data axes."""
+
+    def apply(params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
+        with nn.logical_axis_rules(rules):
+            return fn(params, batch)
+
+    jitted = jax.jit(apply, in_shardings=(param_shardings, rows), out_shardings=rows)
+
+    def run(params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
+        with jax.set_mesh(rows.mesh):
+            return jitted(params, batch)
+
+    return run

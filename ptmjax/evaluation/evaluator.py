@@ -21,8 +21,7 @@ import jax
 import numpy as np
 import seqio
 import tensorflow as tf
-from flax import linen as nn
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from ptmjax import partitioning
@@ -87,7 +86,7 @@ class InferenceEvaluator:
             self._param_shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, rules)
         self._rows = partitioning.batch_sharding(mesh)
         self._predict = jit_predict(api.predict, api.boxed_abstract_params, mesh, rules, decode_config, ids)
-        self._score = _jit_score(api, self._param_shardings, self._rows, rules)
+        self._score = batching.jit_on_rows(api.score, self._param_shardings, self._rows, rules)
 
     @property
     def task_names(self) -> list[str]:
@@ -109,7 +108,7 @@ class InferenceEvaluator:
             compute_metrics=True, step=step, predict_fn=functools.partial(self._predict_fn, params),
             score_fn=functools.partial(self._score_fn, params),
         )  # fmt: skip
-        return {task: _scalars(metrics) for task, metrics in future.result().items()}
+        return {task: scalars(metrics) for task, metrics in future.result().items()}
 
     def _predict_fn(self, params: Any, dataset: tf.data.Dataset) -> list[tuple[int, list[int]]]:
         """(index, the first decode's tokens) per example."""
@@ -143,25 +142,7 @@ class InferenceEvaluator:
         return outputs
 
 
-def _jit_score(
-    api: ModelApi, param_shardings: Any, rows: NamedSharding, rules: partitioning.Rules
-) -> Callable[[Any, Mapping[str, jax.Array]], jax.Array]:
-    """ModelApi.score jitted on the mesh of `rows`: float32 [b] over the data axes."""
-
-    def score(params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
-        with nn.logical_axis_rules(rules):
-            return api.score(params, batch)
-
-    jitted = jax.jit(score, in_shardings=(param_shardings, rows), out_shardings=rows)
-
-    def run(params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
-        with jax.set_mesh(rows.mesh):
-            return jitted(params, batch)
-
-    return run
-
-
-def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     """seqio's metric values as floats; non-scalar MetricValues are dropped."""
     values = {}
     for name, value in metrics.items():

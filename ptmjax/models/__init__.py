@@ -1,5 +1,5 @@
 """Model families, one module each, built from the shared blocks in ptmjax/layers/: T5, BART/mBART,
-GPT-2, BERT/RoBERTa, ALBERT, ELECTRA, XLNet-style permutation LM."""
+GPT-2, BERT/RoBERTa, ALBERT, ELECTRA, XLNet-style permutation LM; and their fine-tuning heads."""
 
 from ptmjax.models.albert import Albert, AlbertConfig, AlbertOutput
 from ptmjax.models.bart import Bart, BartConfig
@@ -12,12 +12,20 @@ from ptmjax.models.electra import (
     ElectraPretraining,
     ElectraPretrainingConfig,
 )
+from ptmjax.models.encoder_tasks import (
+    EncoderForQuestionAnswering,
+    EncoderForSequenceClassification,
+    EncoderForTokenClassification,
+)
 from ptmjax.models.gpt2 import GPT2, GPT2Config
+from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
 from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.models.t5 import EncoderDecoder, T5Config
 
 __all__ = [
     "Albert", "AlbertConfig", "AlbertOutput", "Bart", "BartConfig", "Bert", "BertConfig", "BertOutput",
     "ElectraConfig", "ElectraDiscriminator", "ElectraGenerator", "ElectraOutput", "ElectraPretraining",
-    "ElectraPretrainingConfig", "EncoderDecoder", "GPT2", "GPT2Config", "PermutationLM", "T5Config",
+    "ElectraPretrainingConfig", "EncoderDecoder", "EncoderForQuestionAnswering", "EncoderForSequenceClassification",
+    "EncoderForTokenClassification", "GPT2", "GPT2Config", "GPT2ForSequenceClassification", "PermutationLM",
+    "T5Config",
 ]

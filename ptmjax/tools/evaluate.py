@@ -39,7 +39,7 @@ def evaluate_model_dir(
     from ptmjax import gin_files, partitioning
     from ptmjax.data import pipeline
     from ptmjax.evaluation import results as results_io
-    from ptmjax.evaluation.evaluator import InferenceEvaluator
+    from ptmjax.evaluation.head_evaluator import evaluator_for
     from ptmjax.model_dir import ModelDir
     from ptmjax.training.model_api import model_api
 
@@ -54,7 +54,7 @@ def evaluate_model_dir(
     ids = gin_files.folder_generation_ids(folder)
     mesh = partitioning.make_mesh(mesh_config)
     api = model_api(model)
-    evaluator = InferenceEvaluator(
+    evaluator = evaluator_for(
         api, task, mesh, mesh_config.rules, decode_config, ids, batch_size, split=split,
         task_feature_lengths=lengths, max_examples=max_examples, show_progress=show_progress,
     )  # fmt: skip

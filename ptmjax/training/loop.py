@@ -30,7 +30,7 @@ from ptmjax import partitioning
 from ptmjax.data import pipeline, tokenizer_dir
 from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.evaluation import results
-from ptmjax.evaluation.evaluator import InferenceEvaluator
+from ptmjax.evaluation.head_evaluator import evaluator_for
 from ptmjax.model_dir import ModelDir
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 from ptmjax.training import multihost
@@ -207,7 +207,7 @@ def train(
             )
 
         evaluators = [
-            InferenceEvaluator(
+            evaluator_for(
                 trainer.api, name, mesh, spec.mesh_config.rules, decode_config or DecodeConfig(),
                 _generation_ids(model, name, init_checkpoint), batch_size, task_feature_lengths=task_feature_lengths,
                 max_examples=inference_eval_examples,
@@ -361,7 +361,7 @@ def _generation_ids(model: nn.Module, task: str, init_checkpoint: str | None) ->
     """An init checkpoint's generation.json (an import's), else the ids of `task`'s targets vocabulary."""
     if init_checkpoint is not None and os.path.isfile(ModelDir(init_checkpoint).generation_path):
         return GenerationIds.read(ModelDir(init_checkpoint).generation_path)
-    vocabulary = pipeline.get_task_or_mixture(task).output_features["targets"].vocabulary
+    vocabulary = pipeline.task_vocabulary(task)
     return GenerationIds.from_vocabulary(vocabulary, isinstance(model, EncoderDecoderInterface))
 
 
@@ -370,7 +370,7 @@ def _keep_import_tokenizer(source: ModelDir, run: ModelDir, mixture_or_task_name
     so the fine-tuned model decodes and exports with them; nothing the run already has is replaced."""
     if not os.path.isdir(source.tokenizer_path) or os.path.exists(run.tokenizer_path):
         return
-    task_vocabulary = pipeline.get_task_or_mixture(mixture_or_task_name).output_features["targets"].vocabulary
+    task_vocabulary = pipeline.task_vocabulary(mixture_or_task_name)
     if task_vocabulary != tokenizer_dir.read_vocabulary(source.tokenizer_path):
         return
     shutil.copytree(source.tokenizer_path, run.tokenizer_path)
@@ -380,8 +380,7 @@ def _keep_import_tokenizer(source: ModelDir, run: ModelDir, mixture_or_task_name
 
 def _check_vocabulary(model: nn.Module, mixture_or_task_name: str) -> None:
     """The model's embedding must cover every id the task's vocabulary emits."""
-    task = pipeline.get_task_or_mixture(mixture_or_task_name)
-    vocab_size = task.output_features["targets"].vocabulary.vocab_size
+    vocab_size = pipeline.task_vocabulary(mixture_or_task_name).vocab_size
     model_vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if model_vocab is not None and model_vocab < vocab_size:
         raise ValueError(

@@ -27,6 +27,7 @@ from flax import linen as nn
 
 from ptmjax import decoding
 from ptmjax.data import feature_converters, task_head_converters
+from ptmjax.evaluation import head_predictions
 from ptmjax.layers import layer_stack
 from ptmjax.models import GPT2
 from ptmjax.models.electra import ElectraPretraining
@@ -69,6 +70,8 @@ class Family:
       predict: decoding with a key/value cache (greedy, beam search, sampling),
         `(module, params, batch, DecodeConfig, GenerationIds, rng) -> DecodeOutput`
         (ptmjax/decoding); None for a family that does not generate.
+      head_predictions: a task head's prediction per row from its outputs and the batch
+        (ptmjax/evaluation/head_predictions.py); None for a family without a task head.
     """
 
     feature_converter: type[seqio.FeatureConverter]
@@ -80,6 +83,7 @@ class Family:
     target_logits: Callable[[Any], Array] = lambda outputs: outputs
     rng_streams: tuple[str, ...] = ()
     predict: Callable[..., Any] | None = None
+    head_predictions: Callable[[Any, Batch], Array] | None = None
 
 
 SEQUENCE_TO_SEQUENCE = Family(
@@ -116,20 +120,20 @@ REPLACED_TOKEN_DETECTION = dataclasses.replace(
 # Fine-tuning heads: one row per example (no packing), weighed by 'example_weight' or per token by 'tag_weights'.
 SEQUENCE_CLASSIFICATION = Family(
     task_head_converters.SequenceClassificationFeatureConverter, ("input_tokens",), ("label", "example_weight"),
-    None, "example_weight", model_losses.sequence_classification_loss,
+    None, "example_weight", model_losses.sequence_classification_loss, head_predictions=head_predictions.class_ids,
 )  # fmt: skip
 SEQUENCE_REGRESSION = dataclasses.replace(
     SEQUENCE_CLASSIFICATION, feature_converter=task_head_converters.SequenceRegressionFeatureConverter,
-    loss=model_losses.sequence_regression_loss,
+    loss=model_losses.sequence_regression_loss, head_predictions=head_predictions.values,
 )  # fmt: skip
 TOKEN_TAGGING = Family(
     task_head_converters.TokenTaggingFeatureConverter, ("input_tokens",), ("tags", "tag_weights"), None,
-    "tag_weights", model_losses.token_tagging_loss,
+    "tag_weights", model_losses.token_tagging_loss, head_predictions=head_predictions.class_ids,
 )  # fmt: skip
 SPAN_QUESTION_ANSWERING = Family(
     task_head_converters.SpanQuestionAnsweringFeatureConverter, ("input_tokens",),
     ("answer_start", "answer_end", "example_weight"), None, "example_weight",
-    model_losses.span_question_answering_loss,
+    model_losses.span_question_answering_loss, head_predictions=head_predictions.answer_spans,
 )  # fmt: skip
 
 
@@ -279,6 +283,16 @@ class ModelApi:
         targets = batch[self.family.targets]
         token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, t]
         return jnp.sum(token_log_probs * batch[self.family.loss_weights].astype(jnp.float32), axis=-1)
+
+    def head_predictions(self, params: Any, batch: Batch) -> Array:
+        """A task head's prediction per row (class ids, values, tag ids per token, answer spans); no dropout."""
+        if self.family.head_predictions is None:
+            raise ValueError(
+                f"{type(self.module).__name__} has no task head; heads are the models of "
+                "ptmjax/models/encoder_tasks.py and gpt2_tasks.py"
+            )
+        outputs = self.module.apply({"params": params}, **self.model_inputs(batch), rngs=self.rngs(None, False))
+        return self.family.head_predictions(outputs, batch)
 
     def predict(
         self, params: Any, batch: Batch, config: decoding.DecodeConfig, ids: decoding.GenerationIds,

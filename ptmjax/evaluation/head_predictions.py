@@ -1,0 +1,38 @@
+"""What a task head predicts per row, from its outputs: jnp functions, jitted with the model.
+
+- sequence classification: the class id, argmax of the logits [b];
+- regression: the value [b];
+- token tagging: each position's tag id, argmax per token [b, s];
+- span QA: the answer span's (start, end) token indices [b, 2], inclusive, from
+  `span_search.best_span` over the context tokens, at most MAX_ANSWER_LENGTH long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ptmjax.evaluation.span_search import best_span
+
+Array = jax.Array
+MAX_ANSWER_LENGTH = 30  # tokens, as Hugging Face's question-answering examples
+
+
+def class_ids(outputs: Array, batch: Mapping[str, Array]) -> Array:
+    return jnp.argmax(outputs, axis=-1).astype(jnp.int32)
+
+
+def values(outputs: Array, batch: Mapping[str, Array]) -> Array:
+    return outputs.astype(jnp.float32)
+
+
+def answer_spans(outputs: Any, batch: Mapping[str, Array]) -> Array:
+    """Rows whose token types mark no context (a task without them) may answer with any real token."""
+    types = batch.get("token_type_ids")
+    real = (batch["input_tokens"] != 0).astype(jnp.int32)
+    context = real if types is None else jnp.where(jnp.any(types == 1, axis=1, keepdims=True), types, real)
+    start, end, _ = best_span(outputs.start_logits, outputs.end_logits, MAX_ANSWER_LENGTH, context)
+    return jnp.stack([start, end], axis=-1)
