@@ -37,7 +37,7 @@ class Call(Protocol):
     def finish(self, model: nn.Module) -> None: ...
 
 
-_CALLS: contextvars.ContextVar[dict[type, Call]] = contextvars.ContextVar("ptmjax_adapt_calls", default={})
+_CALLS: contextvars.ContextVar[dict[type, Call] | None] = contextvars.ContextVar("ptmjax_adapt_calls", default=None)
 
 
 def adapted(model: nn.Module, settings: Any) -> nn.Module:
@@ -62,7 +62,7 @@ def base_model(model: nn.Module, kind: type) -> nn.Module:
 
 def current_call(kind: type) -> Any:
     """The call in progress of the adapted model with settings of type `kind`, or None outside one."""
-    return _CALLS.get().get(kind)
+    return (_CALLS.get() or {}).get(kind)
 
 
 def _fields(model: nn.Module, cls: type[nn.Module]) -> dict[str, Any]:
@@ -102,7 +102,7 @@ def _intercepted(method: Callable[..., Any], kind: type) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def entry(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        calls = _CALLS.get()
+        calls = _CALLS.get() or {}
         if kind in calls:  # called by another intercepted method: already intercepted
             return method(self, *args, **kwargs)
         arguments = signature.bind(self, *args, **kwargs)

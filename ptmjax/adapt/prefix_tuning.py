@@ -86,7 +86,7 @@ class _Call:
             if stack.scope.path not in self.prefixes:
                 self.prefixes[stack.scope.path] = _stack_prefixes(stack, module.config, self.settings)
         out = next_fun(*args, **kwargs)
-        if context.method_name != "attended" or module.cross_attention:
+        if not isinstance(module, MultiHeadAttention) or context.method_name != "attended" or module.cross_attention:
             return out
         *stack_path, layer, _ = module.scope.path
         prefix = self.prefixes[tuple(stack_path)][int(layer.removeprefix("layers_"))]  # [2, heads, n, head_dim]
@@ -95,7 +95,8 @@ class _Call:
     def finish(self, model: nn.Module) -> None:
         if model.is_initializing() and not self.prefixes:
             raise ValueError(
-                f"prefix tuning found no layer stack in {type(model).__name__}; it adapts T5, GPT-2 and the BERT family."
+                f"prefix tuning found no layer stack in {type(model).__name__}; it adapts T5, GPT-2 and the BERT "
+                "family."
             )
 
 
