@@ -139,7 +139,8 @@ class PromptCall:
 
     def intercept(self, next_fun: Callable[..., Any], args: tuple, kwargs: dict, context: Any) -> Any:
         module = context.module
-        if self.pending is not None and isinstance(module, Embed) and module.axes[0] == "vocab":
+        token_embedding = isinstance(module, Embed) and module.axes[0] == "vocab" and context.method_name == "__call__"
+        if self.pending is not None and token_embedding:
             out = next_fun(*args, **kwargs)
             prompt, self.pending = self.pending, None
             rows = jnp.broadcast_to(jnp.asarray(prompt, out.dtype), (out.shape[0], *prompt.shape))

@@ -25,7 +25,7 @@ MODELS = {**BASE_MODELS, "bert": BERT_TINY}
 def outputs(model: nn.Module, params: dict, name: str, **overrides: jax.Array) -> np.ndarray:
     """T5 and GPT-2: logits of `batch(name)` (fields replaced by `overrides`); BERT: the encoder's hidden states."""
     if name == "bert":
-        tokens = overrides.get("input_tokens", batch("gpt2")["decoder_target_tokens"])
+        tokens = overrides.get("input_tokens", token_inputs("bert"))
         return np.asarray(model.apply({"params": params}, tokens, method="encode"))
     inputs = {**model_api(model).model_inputs(batch(name)), **overrides}
     return np.asarray(model.apply({"params": params}, **inputs))
@@ -34,6 +34,11 @@ def outputs(model: nn.Module, params: dict, name: str, **overrides: jax.Array) -
 def input_field(name: str) -> str:
     """The token input a prompt goes in front of."""
     return {"t5": "encoder_input_tokens", "gpt2": "decoder_input_tokens", "bert": "input_tokens"}[name]
+
+
+def token_inputs(name: str) -> jax.Array:
+    """The tokens of `input_field(name)` that `outputs` runs (BERT: random ids, no padding)."""
+    return batch("gpt2")["decoder_target_tokens"] if name == "bert" else batch(name)[input_field(name)]
 
 
 def redrawn(params: dict, pattern: str, seed: int = 1, scale: float = 0.3) -> dict:
