@@ -152,7 +152,7 @@ class PromptCall:
         arguments = inspect.signature(getattr(type(module), context.method_name)).bind(module, *args, **kwargs)
         arguments = dict(arguments.arguments)
         del arguments["self"]
-        if arguments.get("cache") is not None:
+        if entry.embedder is not None and arguments.get("cache") is not None:
             raise ValueError(
                 f"{self.settings.title} has no cached decoding for {type(module).__name__} (the prompt cannot fill the "
                 "cache once before the first step); decode with prefix tuning, or prompt-tune T5."
