@@ -3,8 +3,9 @@
 `prefix_tuning(model, length, hidden)` returns the model adapted by
 interception (`ptmjax.adapt.interception`). Each layer stack (T5's encoder and
 decoder, GPT-2's and the BERT family's layers) gets its prefixes
-[layers, 2 (key, value), heads, n, head_dim] when its first layer is called,
-created in the stack's scope:
+[layers, 2 (key, value), heads, n, head_dim] when its module's entry method
+(`family_entries.ENTRIES`) is called, before any layer (so rematerialised
+layers read them too), created in the stack module's scope:
 
 - `hidden` set (training, as the paper): an embedding `prefix_embedding`
   [n, d_model] through an MLP, tanh(E @ `prefix_wi` + `prefix_wi_bias`) @
@@ -35,10 +36,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ptmjax.adapt.family_entries import entry_of
 from ptmjax.adapt.interception import adapted
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.common import dtype_kwargs
-from ptmjax.layers.layer_stack import SCANNED
 
 Array = jax.Array
 
@@ -76,15 +77,13 @@ class _Call:
 
     def intercept(self, next_fun: Callable[..., Any], args: tuple, kwargs: dict, context: Any) -> Any:
         module = context.module
-        if context.method_name == "__call__" and module.name == SCANNED and hasattr(module, "config"):
-            raise ValueError(
-                f"prefix tuning needs unscanned layers (each its own prefix); set {type(module.config).__name__}"
-                ".scan_layers = False."
-            )
-        if context.method_name == "__call__" and module.name == "layers_0" and hasattr(module, "config"):
-            stack = module.parent
-            if stack.scope.path not in self.prefixes:
-                self.prefixes[stack.scope.path] = _stack_prefixes(stack, module.config, self.settings)
+        if entry_of(module, context.method_name) is not None and module.scope.path not in self.prefixes:
+            if module.config.scan_layers:
+                raise ValueError(
+                    f"prefix tuning needs unscanned layers (each its own prefix); set {type(module.config).__name__}"
+                    ".scan_layers = False."
+                )
+            self.prefixes[module.scope.path] = _stack_prefixes(module, module.config, self.settings)
         out = next_fun(*args, **kwargs)
         if not isinstance(module, MultiHeadAttention) or context.method_name != "attended" or module.cross_attention:
             return out

@@ -3,7 +3,7 @@
 `prompt_tuning(model, length, init)` returns the model adapted by
 interception (`ptmjax.adapt.interception`); no model code changes, so the
 base model's outputs stay bit-identical. The interceptor watches each
-family's embedding-level entry (`ENTRIES`): it lengthens the token ids by n
+family's embedding-level entry (`family_entries.ENTRIES`): it lengthens the token ids by n
 placeholder ids (not the padding id) in front, so every mask, position and
 length check the model derives from the ids covers the prompt, and replaces
 the token embeddings at those n positions with the prompt. The other
@@ -38,51 +38,21 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ptmjax.adapt.family_entries import Entry, entry_of
 from ptmjax.adapt.interception import adapted
 from ptmjax.layers.embed import Embed
-from ptmjax.models import encoder, gpt2, t5
 
 Array = jax.Array
 
 PROMPT_PARAMS = r"^(.*/)?(soft_prompt|prompt_encoder_\w+)$"  # unboxed paths, e.g. 'encoder/soft_prompt'
 INITS = ("vocab", "uniform")
 UNIFORM_RANGE = 0.5
-
-
-class Entry(NamedTuple):
-    """A family's method where token ids enter: the ids argument, how its per-token companions grow, the
-    token embedder and padding id of its module (None: the ids only grow, the prompt enters elsewhere), and
-    whether the method's outputs at the prompt are dropped."""
-
-    tokens: str
-    companions: dict[str, str]  # argument: 'first' (the row's first value), 'zeros' or 'positions'
-    embedder: Callable[[nn.Module], Embed] | None
-    pad_id: Callable[[nn.Module], int]
-    drops_prompt: bool
-
-
-ENTRIES: dict[tuple[type, str], Entry] = {
-    (t5.Encoder, "__call__"): Entry(
-        "tokens", {"segment_ids": "first", "positions": "positions"}, lambda m: m.shared_embedding, lambda m: 0,
-        False,
-    ),
-    (t5.Decoder, "__call__"): Entry("encoder_tokens", {"encoder_segment_ids": "first"}, None, lambda m: 0, False),
-    (gpt2.GPT2, "hidden_states"): Entry(
-        "decoder_input_tokens",
-        {"decoder_segment_ids": "first", "decoder_positions": "positions", "decoder_causal_attention": "zeros"},
-        lambda m: m.token_embedder, lambda m: -1, True,
-    ),
-    (encoder.PostLNEncoder, "encode"): Entry(
-        "input_tokens", {"token_type_ids": "zeros"}, lambda m: m.embeddings.token_embedder,
-        lambda m: m.config.pad_token_id, True,
-    ),
-}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +115,7 @@ class PromptCall:
             prompt, self.pending = self.pending, None
             rows = jnp.broadcast_to(jnp.asarray(prompt, out.dtype), (out.shape[0], *prompt.shape))
             return jnp.concatenate([rows, out[:, prompt.shape[0] :]], axis=1)
-        entry = _entry(module, context.method_name)
+        entry = entry_of(module, context.method_name)
         if entry is None:
             return next_fun(*args, **kwargs)
         self.entered += 1
@@ -175,10 +145,6 @@ class PromptCall:
 def prompt_tuning(model: nn.Module, length: int = 20, init: str = "vocab") -> nn.Module:
     """`model` with a soft prompt of `length` vectors (see the module docstring)."""
     return adapted(model, PromptSettings(length, init))
-
-
-def _entry(module: nn.Module, method: str) -> Entry | None:
-    return next((e for (cls, name), e in ENTRIES.items() if name == method and isinstance(module, cls)), None)
 
 
 def _grown(arguments: dict[str, Any], entry: Entry, n: int, pad_id: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from lora_test_models import batch, init_params
 from peft_test_models import MODELS, outputs, redrawn, token_inputs, without
 
 from ptmjax.adapt.prefix_tuning import PREFIX_PARAMS, fold_prefixes, prefix_tuning
+from ptmjax.training.losses import LossConfig
 from ptmjax.training.model_api import model_api
 
 TEXT = np.array([[7, 8, 9, 10]] * 2, np.int32)
@@ -91,3 +92,17 @@ def test_scanned_layers_and_folding_a_model_without_mlp_are_refused():
         fold_prefixes(init_params(model), model)
     with pytest.raises(ValueError, match="prefix tuning hidden=0 must be a positive int"):
         prefix_tuning(MODELS["gpt2"], 3, hidden=0)
+
+
+def test_rematerialised_layers_get_the_same_gradients():
+    base = MODELS["gpt2"]
+    remat = base.clone(config=dataclasses.replace(base.config, remat_policy="full"))
+    params = redrawn(init_params(prefix_tuning(base, 3, hidden=8)), PREFIX_PARAMS)
+
+    def grads(model):
+        loss = lambda p: model_api(model).loss(p, batch("gpt2"), LossConfig(z_loss=0.0))[0]  # noqa: E731
+        return jax.grad(loss)(params)
+
+    plain, rematerialised = grads(prefix_tuning(base, 3, hidden=8)), grads(prefix_tuning(remat, 3, hidden=8))
+    assert float(jnp.abs(plain["prefix_wo"]).max()) > 1e-4
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), rematerialised, plain)
