@@ -35,6 +35,7 @@ from ptmjax.adapt.interception import adapted
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.mlp import ACTIVATIONS, MlpBlock
 from ptmjax.layers.moe import MoeBlock
+from ptmjax.models.config import check_positive_ints
 
 Array = jax.Array
 
@@ -58,8 +59,7 @@ class AdapterSettings:
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"adapters placement={self.placement!r} is unknown; use one of {PLACEMENTS}.")
-        if not isinstance(self.bottleneck, int) or self.bottleneck < 1:
-            raise ValueError(f"adapters bottleneck={self.bottleneck!r} must be a positive int (e.g. 64).")
+        check_positive_ints(self, "bottleneck")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"adapters activation={self.activation!r} is unknown; use one of {sorted(ACTIVATIONS)}.")
 

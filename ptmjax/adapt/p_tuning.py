@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from ptmjax.adapt.interception import adapted
 from ptmjax.adapt.prompt_tuning import PromptSettings
 from ptmjax.layers.embed import Embed
+from ptmjax.models.config import check_positive_ints
 
 Array = jax.Array
 
@@ -41,8 +42,7 @@ class PTuningSettings(PromptSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.hidden, int) or self.hidden < 1:
-            raise ValueError(f"p_tuning hidden={self.hidden!r} must be a positive int (e.g. 128).")
+        check_positive_ints(self, "hidden")
 
     def prompt(self, module: nn.Module, embedder: Embed) -> Array:
         """The prompt encoder's output [n, embed], its parameters created in `module`'s scope."""

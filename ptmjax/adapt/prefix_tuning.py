@@ -40,6 +40,7 @@ from ptmjax.adapt.family_entries import entry_of
 from ptmjax.adapt.interception import adapted
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.common import dtype_kwargs
+from ptmjax.models.config import check_positive_ints
 
 Array = jax.Array
 
@@ -59,10 +60,7 @@ class PrefixSettings:
     hidden: int | None = 512
 
     def __post_init__(self) -> None:
-        for name in ("length", "hidden"):
-            value = getattr(self, name)
-            if (value is not None or name == "length") and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"prefix tuning {name}={value!r} must be a positive int (e.g. 10 and 512).")
+        check_positive_ints(self, "length", *(() if self.hidden is None else ("hidden",)))
 
     def start(self, model: nn.Module, arguments: dict[str, Any]) -> _Call:
         return _Call(self)

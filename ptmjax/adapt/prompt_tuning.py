@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from ptmjax.adapt.family_entries import Entry, entry_of
 from ptmjax.adapt.interception import adapted
 from ptmjax.layers.embed import Embed
+from ptmjax.models.config import check_positive_ints
 
 Array = jax.Array
 
@@ -67,8 +68,7 @@ class PromptSettings:
     init: str = "vocab"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.length, int) or self.length < 1:
-            raise ValueError(f"{self.field} length={self.length!r} must be a positive int (e.g. 20).")
+        check_positive_ints(self, "length")
         if self.init not in INITS:
             raise ValueError(f"{self.field} init={self.init!r} is unknown; use one of {INITS}.")
 

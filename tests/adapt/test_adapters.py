@@ -71,7 +71,7 @@ def test_scanned_layers_compute_what_unscanned_ones_do():
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"placement": "after"}, "placement='after' is unknown"),
-    ({"bottleneck": 0}, "bottleneck=0 must be a positive int"),
+    ({"bottleneck": 0}, "AdapterSettings.bottleneck must be a positive int, got 0"),
     ({"activation": "tanh"}, "activation='tanh' is unknown"),
 ])  # fmt: skip
 def test_bad_settings_are_refused(kwargs, message):

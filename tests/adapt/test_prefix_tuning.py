@@ -90,7 +90,7 @@ def test_scanned_layers_and_folding_a_model_without_mlp_are_refused():
     model = prefix_tuning(MODELS["gpt2"], 3, hidden=None)
     with pytest.raises(ValueError, match="fold_prefixes needs a prefix tuning model with an MLP"):
         fold_prefixes(init_params(model), model)
-    with pytest.raises(ValueError, match="prefix tuning hidden=0 must be a positive int"):
+    with pytest.raises(ValueError, match="PrefixSettings.hidden must be a positive int, got 0"):
         prefix_tuning(MODELS["gpt2"], 3, hidden=0)
 
 

@@ -91,9 +91,9 @@ def test_cached_decoding_of_a_prompt_tuned_gpt2_is_refused():
 
 
 @pytest.mark.parametrize(("make", "message"), [
-    (lambda m: prompt_tuning(m, length=0), "prompt_tuning length=0 must be a positive int"),
+    (lambda m: prompt_tuning(m, length=0), "PromptSettings.length must be a positive int, got 0"),
     (lambda m: prompt_tuning(m, init="zeros"), "prompt_tuning init='zeros' is unknown"),
-    (lambda m: p_tuning(m, hidden=0), "p_tuning hidden=0 must be a positive int"),
+    (lambda m: p_tuning(m, hidden=0), "PTuningSettings.hidden must be a positive int, got 0"),
     (lambda m: prompt_tuning(prompt_tuning(m)), "already has prompt tuning"),
 ])  # fmt: skip
 def test_bad_settings_are_refused(make, message):
