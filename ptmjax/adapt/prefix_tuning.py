@@ -86,6 +86,11 @@ class _Call:
         if not isinstance(module, MultiHeadAttention) or context.method_name != "attended" or module.cross_attention:
             return out
         *stack_path, layer, _ = module.scope.path
+        if tuple(stack_path) not in self.prefixes:
+            raise ValueError(
+                f"prefix tuning knows no layer stack at {'/'.join(stack_path)!r}; it adapts T5, GPT-2 and the BERT "
+                "family (ptmjax.adapt.family_entries)."
+            )
         prefix = self.prefixes[tuple(stack_path)][int(layer.removeprefix("layers_"))]  # [2, heads, n, head_dim]
         return with_prefix(*out, prefix)
 
@@ -118,7 +123,9 @@ def fold_prefixes(params: Mapping[str, Any], model: nn.Module) -> dict[str, Any]
     """The parameters of `model` with `hidden=None`: each stack's MLP replaced by the prefixes it computes."""
     settings = getattr(model, "prefix_tuning", None)
     if not isinstance(settings, PrefixSettings) or settings.hidden is None:
-        raise ValueError(f"fold_prefixes needs a prefix tuning model with an MLP (hidden set), got {model!r:.80}.")
+        raise ValueError(
+            f"fold_prefixes needs a prefix tuning model with an MLP (hidden set), got {type(model).__name__}."
+        )
     return _folded(params)
 
 

@@ -14,10 +14,11 @@ types are 0, explicit positions become 0..n-1 then the given ones + n.
   output keeps the n prompt positions (the decoder attends to them, as in
   Lester); the decoder's view of the encoder ids (its cross mask) grows by
   the same n, so `encode` + `decode` and decoding's cached steps work.
-- BERT family: before everything, [CLS] included (as Lester and Hugging Face
-  PEFT), `soft_prompt` [n, embed_dim] added to before the position and token
-  type embeddings and the LayerNorm; `encode` drops the n prompt outputs, so
-  the heads see [b, s] as before and first-token heads pool the real [CLS].
+- BERT family: before everything, [CLS] included (as Hugging Face PEFT),
+  `soft_prompt` [n, embed_dim] in place of token embeddings, so the position
+  and token type embeddings and the LayerNorm apply to it too; `encode` drops
+  the n prompt outputs, so the heads see [b, s] as before and first-token
+  heads pool the real [CLS], not a prompt vector.
 - GPT-2: before the tokens, `soft_prompt` [n, d_model] (with positions
   0..n-1, the tokens n, n+1, ...); the prompt is causal (never in a prefix
   LM's bidirectional prefix, so it sees only itself) and `hidden_states` drops
