@@ -99,10 +99,12 @@ class ClozeRanker:
         self._logits = jax.jit(self._mlm_logits if isinstance(module, MaskedLMEncoder) else self._t5_logits)
 
     def _mlm_logits(self, params: Any, tokens: jax.Array, blanks: jax.Array) -> jax.Array:
+        """The MLM logits at each row's blank: [b, vocab]."""
         logits = self.module.apply({"params": params}, tokens, method=lambda m, t: m.mlm_logits(m.encode(t)))
         return jnp.take_along_axis(logits, blanks[:, None, None], axis=1)[:, 0]  # [b, vocab]
 
     def _t5_logits(self, params: Any, tokens: jax.Array, blanks: jax.Array) -> jax.Array:
+        """The decoder's logits after `<extra_id_0>`: [b, vocab] (the sentinel marks the blank: `blanks` unread)."""
         start = jnp.full((tokens.shape[0], 1), T5_DECODER_START, tokens.dtype)
         decoder_inputs = jnp.concatenate([start, jnp.full_like(start, self.mask_id)], axis=1)
         logits = self.module.apply({"params": params}, tokens, decoder_inputs)  # [b, 2, vocab]
@@ -114,8 +116,10 @@ class ClozeRanker:
             raise ValueError(f"none of the {clozes.total} clozes has a single-token answer in this model's vocabulary "
                              "within its length; probe with other clozes")  # fmt: skip
         length, out = max(len(row) for row in clozes.rows), []
-        blank_batches = batches([[b] for b in clozes.blanks], 1, 0, batch_size)
-        for batch, blanks in zip(batches(clozes.rows, length, self.pad_id, batch_size), blank_batches, strict=True):
-            logits = self._logits(self.params, jnp.asarray(batch.tokens), jnp.asarray(blanks.tokens[:, 0]))
+        starts = range(0, len(clozes.rows), batch_size)
+        for start, batch in zip(starts, batches(clozes.rows, length, self.pad_id, batch_size), strict=True):
+            blanks = np.zeros(batch_size, np.int32)
+            blanks[: batch.size] = clozes.blanks[start : start + batch.size]
+            logits = self._logits(self.params, jnp.asarray(batch.tokens), jnp.asarray(blanks))
             out.append(np.asarray(logits)[: batch.size])
         return np.concatenate(out)

@@ -18,7 +18,7 @@ def plot_attention_statistics(statistics: Mapping[str, np.ndarray], path: str) -
     for ax, (name, values) in zip(axes[0], statistics.items(), strict=True):
         image = ax.imshow(values, aspect="auto", cmap="viridis")
         ax.set(title=name, xlabel="head", ylabel="layer")
-        ax.set_xticks(range(values.shape[1]))
+        ax.set_xticks(range(values.shape[1]), [str(i + 1) for i in range(values.shape[1])])
         ax.set_yticks(range(values.shape[0]), [str(i + 1) for i in range(values.shape[0])])
         fig.colorbar(image, ax=ax)
     fig.tight_layout()
