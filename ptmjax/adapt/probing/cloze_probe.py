@@ -95,7 +95,7 @@ class ClozeRanker:
     def __init__(self, module: nn.Module, params: Any, mask_id: int, pad_id: int):
         if not supports_cloze(module):
             raise ValueError(f"cloze probing ranks a masked LM (BERT family) or T5, not {type(module).__name__}")
-        self.module, self.params, self.mask_id, self.pad_id = module, params, mask_id, pad_id
+        self.module, self.params, self.mask_id, self.pad_id = module, jax.device_put(params), mask_id, pad_id
         self._logits = jax.jit(self._mlm_logits if isinstance(module, MaskedLMEncoder) else self._t5_logits)
 
     def _mlm_logits(self, params: Any, tokens: jax.Array, blanks: jax.Array) -> jax.Array:

@@ -78,7 +78,8 @@ class LayerReader:
     """A frozen model's hidden states and attention maps per layer (see the module doc); one jitted call."""
 
     def __init__(self, module: nn.Module, params: Any):
-        self.module, self.params = plain_model(module, params)
+        self.module, params = plain_model(module, params)
+        self.params = jax.device_put(params)  # once, not at every call
         self.stack = probed_stack(self.module)
         self._run = jax.jit(self._outputs)
 
