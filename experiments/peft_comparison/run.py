@@ -133,27 +133,33 @@ def compare(setting: Setting) -> dict[str, Any]:
     results = {"pretrain": pretrain, "tasks": {}}
     for task_name in setting.tasks:
         task = TASKS[task_name]
-        results["tasks"][task_name] = rows = {}
-        for method, (learning_rate, bindings) in methods(task).items():
-            model_dir = runs / slug(task_name) / slug(method)
-            common = [
-                f"train.init_checkpoint = '{backbone}'", f"train.num_steps = {setting.finetune_steps}",
-                f"train.task_feature_lengths = {{'inputs': {setting.inputs_length}}}",
-                f"slanted_triangular.total_steps = {setting.finetune_steps}",
-                f"slanted_triangular.peak_learning_rate = {learning_rate}",
-                f"train.eval_every = {setting.finetune_steps}", f"train.checkpoint_every = {setting.finetune_steps}",
-                f"train.inference_eval_examples = {setting.eval_examples}",
-            ]  # fmt: skip
-
-            def compute(model_dir=model_dir, bindings=[*common, *bindings], task=task) -> dict[str, Any]:
-                print(f"=== {task_name}: {method} -> {model_dir}", flush=True)
-                timing = train(model_dir, task.run_file, bindings)
-                trainable, total = trainable_counts(model_dir)
-                return {**timing, "score": last_eval(model_dir, task.metric), "trainable": trainable, "total": total,
-                        "learning_rate": learning_rate}  # fmt: skip
-
-            rows[method] = cached(model_dir, compute)
+        results["tasks"][task_name] = {
+            method: finetune(setting, runs / slug(task_name) / slug(method), backbone, task, learning_rate, bindings)
+            for method, (learning_rate, bindings) in methods(task).items()
+        }
     return results
+
+
+def finetune(setting: Setting, model_dir: pathlib.Path, backbone: pathlib.Path, task: Task, learning_rate: float,
+             bindings: list[str]) -> dict[str, Any]:  # fmt: skip
+    """One method on one task from the backbone (or the run's result.json)."""
+    common = [
+        f"train.init_checkpoint = '{backbone}'", f"train.num_steps = {setting.finetune_steps}",
+        f"train.task_feature_lengths = {{'inputs': {setting.inputs_length}}}",
+        f"slanted_triangular.total_steps = {setting.finetune_steps}",
+        f"slanted_triangular.peak_learning_rate = {learning_rate}",
+        f"train.eval_every = {setting.finetune_steps}", f"train.checkpoint_every = {setting.finetune_steps}",
+        f"train.inference_eval_examples = {setting.eval_examples}",
+    ]  # fmt: skip
+
+    def compute() -> dict[str, Any]:
+        print(f"=== {model_dir}", flush=True)
+        timing = train(model_dir, task.run_file, [*common, *bindings])
+        trainable, total = trainable_counts(model_dir)
+        return {**timing, "score": last_eval(model_dir, task.metric), "trainable": trainable, "total": total,
+                "learning_rate": learning_rate}  # fmt: skip
+
+    return cached(model_dir, compute)
 
 
 def slug(name: str) -> str:
