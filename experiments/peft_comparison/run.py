@@ -73,22 +73,24 @@ class Setting:
 SETTINGS = {
     "reduced": Setting("reduced", 600, 300, 128, ("module classification", "code tagging"), None),
     "full": Setting("full", 3000, 1000, 128, tuple(TASKS), None),
-    "smoke": Setting("smoke", 4, 4, 32, tuple(TASKS), 8),  # the harness end to end in a few minutes (a test)
+    "smoke": Setting("smoke", 4, 10, 32, tuple(TASKS), 8),  # the harness end to end in a few minutes (a test)
 }
 
 
 def train(model_dir: pathlib.Path, gin_file: str, bindings: list[str]) -> dict[str, float]:
-    """`ptmjax train` in its own process; its wall time (s) and peak resident memory (MiB)."""
+    """`ptmjax train` in its own process: its wall time (s), peak resident memory (MiB), and the machine's
+    1-minute load average before and after (a load above the core count means the time was shared)."""
     command = [sys.executable, "-m", "ptmjax.cli", "train", "--gin_file", gin_file, "--model_dir", str(model_dir)]
     for binding in [*bindings, "train.show_progress = False"]:
         command += ["--gin_bindings", binding]
-    start = time.perf_counter()
+    load_before, start = os.getloadavg()[0], time.perf_counter()
     with open(model_dir.parent / f"{model_dir.name}.log", "w") as log:
         process = subprocess.Popen(command, cwd=REPO_DIR, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)
     if os.waitstatus_to_exitcode(status):
         raise RuntimeError(f"{' '.join(command)} failed; see {model_dir.parent / f'{model_dir.name}.log'}")
-    return {"wall_s": time.perf_counter() - start, "peak_rss_mib": usage.ru_maxrss / 1024}
+    return {"wall_s": time.perf_counter() - start, "peak_rss_mib": usage.ru_maxrss / 1024,
+            "load_1min": [load_before, os.getloadavg()[0]]}
 
 
 def cached(model_dir: pathlib.Path, compute) -> dict[str, Any]:
@@ -174,12 +176,12 @@ def table(setting: Setting, results: dict[str, Any]) -> str:
     for task_name, rows in results["tasks"].items():
         metric = TASKS[task_name].metric.split("/")[1]
         lines += [f"### {task_name} ({metric})", "",
-                  "| method | score | trainable parameters | % of all | peak memory (MiB) | wall time (s) | lr |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| method | score | trainable parameters | % of all | peak RSS (MiB) | wall time (s) | load | lr |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for method, row in rows.items():
             lines.append(f"| {method} | {row['score']:.1f} | {row['trainable']:,} | "
                          f"{100 * row['trainable'] / row['total']:.2f} | {row['peak_rss_mib']:.0f} | "
-                         f"{row['wall_s']:.0f} | {row['learning_rate']:g} |")  # fmt: skip
+                         f"{row['wall_s']:.0f} | {max(row['load_1min']):.1f} | {row['learning_rate']:g} |")  # fmt: skip
         lines.append("")
     return "\n".join(lines)
 
