@@ -27,6 +27,7 @@ from typing import Any
 
 EXPERIMENT_DIR = pathlib.Path(__file__).resolve().parent
 REPO_DIR = EXPERIMENT_DIR.parents[1]
+RUNS_DIR = REPO_DIR / "runs" / "peft_comparison"
 HEAD = "'classifier/.*'"  # the new head of every task model below trains in every method
 
 
@@ -125,7 +126,7 @@ def trainable_counts(model_dir: pathlib.Path) -> tuple[int, int]:
 
 
 def compare(setting: Setting) -> dict[str, Any]:
-    runs = REPO_DIR / "runs" / "peft_comparison" / setting.name
+    runs = RUNS_DIR / setting.name
     backbone = runs / "bert_demo"
     lengths = f"{{'inputs': {setting.inputs_length}, 'targets': {setting.inputs_length}}}"
     pretrain = cached(backbone, lambda: train(backbone, "runs/bert_demo.gin", [
