@@ -19,14 +19,17 @@ from ptmjax.tree_paths import leaves_by_path
 GPT2_TINY = GPT2(GPT2Config(vocab_size=64, d_model=32, num_heads=2, num_layers=2, d_ff=64, max_length=16,
                             dropout_rate=0.0, attention_dropout_rate=0.0))  # fmt: skip
 MESH = MeshConfig(data=2, fsdp=2, tensor=2)
-METHODS = {"lora": (lora(GPT2_TINY, rank=4), LORA_PARAMS), "bitfit": (GPT2_TINY, BITFIT_PARAMS)}
+METHODS = {  # model, trainable pattern, learning rate
+    "lora": (lora(GPT2_TINY, rank=4, targets=".*"), LORA_PARAMS, 1e-2),  # every Dense: attention and MLP
+    "bitfit": (GPT2_TINY, BITFIT_PARAMS, 3e-2),
+}
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_method_lowers_the_loss_with_only_its_parameters_trained(method):
-    model, pattern = METHODS[method]
-    trainer = Trainer(model, optax.adam(3e-2), lambda _: 3e-2, partitioning.make_mesh(MESH), MESH.rules,
-                      trainable=[pattern])  # fmt: skip
+    model, pattern, learning_rate = METHODS[method]
+    trainer = Trainer(model, optax.adam(learning_rate), lambda _: learning_rate, partitioning.make_mesh(MESH),
+                      MESH.rules, trainable=[pattern])  # fmt: skip
     tokens = np.random.default_rng(0).integers(2, 6, (8, 12)).astype(np.int32)  # 4 ids: learnable from 64
     batch = {"decoder_input_tokens": np.roll(tokens, 1, axis=1), "decoder_target_tokens": tokens,
              "decoder_loss_weights": np.ones_like(tokens)}  # fmt: skip
@@ -36,7 +39,7 @@ def test_method_lowers_the_loss_with_only_its_parameters_trained(method):
     for _ in range(30):
         state, metrics = trainer.train_step(state, partitioning.global_batch(batch, trainer.mesh), jax.random.key(1))
         losses.append(float(metrics["loss"]))
-    assert losses[-1] < 0.9 * losses[0], losses
+    assert losses[-1] < losses[0] - 0.3, losses  # nats; the 4 ids allow a loss of ln 4 = 1.39 from 4.16
     for path, value in leaves_by_path(jax.device_get(state.params)):
         if re.fullmatch(pattern, path):
             assert not np.array_equal(value, before[path]), path
