@@ -1,6 +1,6 @@
 """The `ptmjax` command line: `ptmjax train --gin_file=... --gin_bindings=...`, `ptmjax inspect MODEL_DIR`,
-`ptmjax convert --from-hf HF_DIR --to MODEL_DIR`, `ptmjax convert --from MODEL_DIR --to-hf HF_DIR` and
-`ptmjax compile --topology=v5p:4x4x8 --gin_file=...`.
+`ptmjax convert --from-hf HF_DIR --to MODEL_DIR`, `ptmjax convert --from MODEL_DIR --to-hf HF_DIR`,
+`ptmjax compile --topology=v5p:4x4x8 --gin_file=...` and `ptmjax probe --model_dir DIR`.
 
 Errors a user can fix print one line on stderr and exit with status 1: a
 ValueError (a bad setting the code checks, a mesh that does not fit the
@@ -64,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_compile_parser(commands)
     _add_eval_parser(commands)
     _add_infer_parser(commands)
+    _add_probe_parser(commands)
     return parser
 
 
@@ -125,6 +126,24 @@ def _add_infer_parser(commands: argparse._SubParsersAction) -> None:
     infer.add_argument("--seed", type=int, default=0, help="--method sample: the random seed")
     infer.add_argument("--batch_size", type=int, default=8, help="inputs per jitted call (default 8)")
     infer.add_argument("--max_examples", type=int, default=None, help="decode only the first N inputs")
+
+
+def _add_probe_parser(commands: argparse._SubParsersAction) -> None:
+    probe = commands.add_parser(
+        "probe", help="a frozen model's layers: linear probes per layer on a classification task, attention "
+        "statistics and maps, cloze probing (masked LMs, T5); tables, JSON, arrays and PNGs", parents=[_AFTER],
+    )
+    probe.add_argument("--model_dir", required=True, help="a `ptmjax train` run or a `ptmjax convert` import")
+    probe.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    probe.add_argument("--task", default="ptmjax_stdlib_module_classification_head",
+                       help="a registered task of 'inputs' texts and 'label' class ids (default: %(default)s)")
+    probe.add_argument("--out", default=None, help="output folder (default: MODEL_DIR/probe)")
+    probe.add_argument("--max_length", type=int, default=128, help="ids per row, longer texts cut (default: 128)")
+    probe.add_argument("--batch_size", type=int, default=32, help="rows per model call (default: 32)")
+    probe.add_argument("--attention_examples", type=int, default=64,
+                       help="validation texts the attention statistics average over (default: 64)")
+    probe.add_argument("--attention_maps", type=int, default=8, help="examples whose maps are saved (default: 8)")
+    probe.add_argument("--cloze_split", default="validation", help="split of the cloze questions (default: validation)")
 
 
 def _add_compile_parser(commands: argparse._SubParsersAction) -> None:
@@ -297,6 +316,10 @@ def _run(args: argparse.Namespace) -> int:
         from ptmjax.tools.infer import run as run_infer
 
         return run_infer(args)
+    if args.command == "probe":
+        from ptmjax.tools.probe import run as run_probe
+
+        return run_probe(args)
     raise AssertionError(args.command)
 
 

@@ -62,3 +62,19 @@ def test_the_merged_export_gives_the_lora_models_logits(lora_run):
         got = hf_model(input_ids=torch.tensor(inputs, dtype=torch.long),
                        decoder_input_ids=torch.tensor(decoder_inputs, dtype=torch.long)).logits.numpy()  # fmt: skip
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_ptmjax_load_applies_lora_over_the_base_as_the_merged_export_decodes(lora_run):
+    """`ptmjax.load` of the LoRA run (its LoRA matrices over runs/demo's parameters) decodes the same tokens
+    and scores as the Hugging Face export of the merged model."""
+    import ptmjax
+
+    prompts = ["Return the number of items in a container.", "Open a file and return a stream."]
+    if not (lora_run / "hf").exists():
+        checkpoint.export_hf(str(lora_run / "lora"), str(lora_run / "hf"))
+    lora, merged = ptmjax.load(str(lora_run / "lora")), ptmjax.load(str(lora_run / "hf"))
+    got = lora.predict(prompts, max_decode_length=8)
+    want = merged.predict(prompts, max_decode_length=8)
+    for a, b in zip(got, want, strict=True):
+        assert a.tokens == b.tokens
+        np.testing.assert_allclose(a.scores, b.scores, rtol=1e-4)

@@ -1,0 +1,133 @@
+"""Every layer's hidden states and attention probabilities of a frozen model, read without editing it.
+
+`LayerReader(module, params)` runs the model's (first) stack of self-attention layers on token ids:
+the encoder family (BERT, RoBERTa, ALBERT, ELECTRA), GPT-2, and the encoder of T5 and BART. Hidden
+states are [layers + 1, b, s, d] as transformers' `output_hidden_states=True` gives them: the input
+of the first layer (the embeddings, after ALBERT's and ELECTRA's projection), then every layer's
+output, the last one being what the stack returns (after the final norm of pre-LN models: GPT-2's
+ln_f, T5's and mBART's encoder norm). The layer inputs and outputs are recorded by intercepting the
+calls of the `layers_{i}` modules (in call order, so ALBERT's shared layers count once per use); the
+attention probabilities [layers, b, heads, q, k] are those `MultiHeadAttention` sows into
+'intermediates'. A scanned or rematerialised model runs as its plain twin, on unscanned parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ptmjax.layers import layer_stack
+from ptmjax.models import GPT2
+from ptmjax.models.encoder import PostLNEncoder
+from ptmjax.models.encoder_decoder import EncoderDecoderInterface
+
+LAYER_NAME = re.compile(r"layers_(\d+)")
+ATTENTION = "attention"  # the self-attention module of every probed layer
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbedStack:
+    """Where a model's probed layers are: the method returning the stack's final states, its token
+    argument, the layers' parent path, and the padding id (GPT-2 masks none: after the real ids, causal
+    attention keeps padding from changing them)."""
+
+    method: str
+    tokens_field: str
+    path: tuple[str, ...]
+    pad_id: int
+
+
+def probed_stack(module: nn.Module) -> ProbedStack:
+    """The stack probed in `module`; raises for a model class without one."""
+    pad_id = getattr(module.config, "pad_token_id", 0)
+    if isinstance(module, PostLNEncoder):
+        return ProbedStack("encode", "input_tokens", (), pad_id)
+    if isinstance(module, GPT2):
+        return ProbedStack("hidden_states", "decoder_input_tokens", (), 0)
+    if isinstance(module, EncoderDecoderInterface):
+        return ProbedStack("encode", "encoder_input_tokens", ("encoder",), pad_id)
+    raise ValueError(
+        f"probing reads the encoder family (BERT, RoBERTa, ALBERT, ELECTRA), GPT-2 and the encoder of T5 and BART, "
+        f"not {type(module).__name__}; pass one of those models"
+    )
+
+
+def plain_model(module: nn.Module, params: Any) -> tuple[nn.Module, Any]:
+    """`module` unscanned and without remat, and `params` in its (unscanned) layout."""
+    if layer_stack.scanning_config(module) is not None:
+        params, module = layer_stack.unscan(params, module.config), layer_stack.with_scan_layers(module, False)
+    if getattr(module.config, "remat_policy", "none") != "none":
+        module = module.clone(config=dataclasses.replace(module.config, remat_policy="none"))
+    return module, params
+
+
+class LayerOutputs(NamedTuple):
+    """hidden float32 [layers + 1, b, s, d]; attention float32 [layers, b, heads, s, s]."""
+
+    hidden: np.ndarray
+    attention: np.ndarray
+
+
+class LayerReader:
+    """A frozen model's hidden states and attention maps per layer (see the module doc); one jitted call."""
+
+    def __init__(self, module: nn.Module, params: Any):
+        self.module, params = plain_model(module, params)
+        self.params = jax.device_put(params)  # once, not at every call
+        self.stack = probed_stack(self.module)
+        self._run = jax.jit(self._outputs)
+
+    @property
+    def num_layers(self) -> int:
+        """Layers of the probed stack, counting each use of a shared (ALBERT) layer."""
+        config = self.module.config
+        return getattr(config, "num_layers", None) or config.num_encoder_layers
+
+    def __call__(self, tokens: np.ndarray) -> LayerOutputs:
+        """tokens int [b, s], padded with the model's pad id (GPT-2: any id after the real ones)."""
+        hidden, attention = self._run(self.params, jnp.asarray(tokens, jnp.int32))
+        return LayerOutputs(np.asarray(hidden), np.asarray(attention))
+
+    def _outputs(self, params: Any, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+        stack, calls = self.stack, []
+
+        def record_layer(next_fun, args, kwargs, context):
+            output = next_fun(*args, **kwargs)
+            path = context.module.path
+            if context.method_name == "__call__" and path[:-1] == stack.path and LAYER_NAME.fullmatch(path[-1]):
+                calls.append((args[0], output))
+            return output
+
+        with nn.intercept_methods(record_layer):
+            final, variables = self.module.apply(
+                {"params": params}, **{stack.tokens_field: tokens}, method=stack.method, mutable=["intermediates"]
+            )
+        if len(calls) != self.num_layers:
+            raise AssertionError(f"recorded {len(calls)} layer calls, expected {self.num_layers}")
+        hidden = [calls[0][0], *(output for _, output in calls[:-1]), final]
+        return jnp.stack(hidden).astype(jnp.float32), self._attention(variables["intermediates"])
+
+    def _attention(self, intermediates: Any) -> jax.Array:
+        """The sown self-attention probabilities of the stack's layers, in call order: [layers, b, h, q, k]."""
+        node = intermediates
+        for name in self.stack.path:
+            node = node[name]
+        names = sorted((n for n in node if LAYER_NAME.fullmatch(n)), key=lambda n: int(LAYER_NAME.fullmatch(n)[1]))
+        weights = [w for name in names for w in node[name][ATTENTION]["attention_weights"]]
+        return jnp.stack(weights).astype(jnp.float32)
+
+
+def padded_batch(rows: list[list[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows cut to `length` and right-padded: (tokens int32 [n, length], valid bool [n, length])."""
+    tokens = np.full((len(rows), length), pad_id, np.int32)
+    valid = np.zeros((len(rows), length), bool)
+    for i, row in enumerate(rows):
+        row = row[:length]
+        tokens[i, : len(row)], valid[i, : len(row)] = row, True
+    return tokens, valid

@@ -1,0 +1,31 @@
+"""experiments/peft_comparison/run.py end to end in its smoke setting: every task and method runs as its own
+`ptmjax train` process from a pre-trained backbone, and the table reports what the runs hold."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+RUN = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "peft_comparison" / "run.py"
+
+
+@pytest.mark.slow  # 13 training processes, about 5 minutes on 2 cores
+def test_the_smoke_setting_runs_every_method_and_counts_its_trainable_parameters(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("peft_comparison_run", RUN)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    monkeypatch.setattr(run, "RUNS_DIR", tmp_path)
+    setting = run.SETTINGS["smoke"]
+    results = run.compare(setting)
+    for task_name, rows in results["tasks"].items():
+        assert set(rows) == set(run.methods(run.TASKS[task_name]))
+        full = rows["full fine-tuning"]
+        assert full["trainable"] == full["total"]
+        for method, row in rows.items():
+            assert 0 <= row["score"] <= 100 and row["peak_rss_mib"] > 0, (task_name, method)
+            assert row["total"] == full["total"] or method.startswith("LoRA")  # LoRA adds its matrices
+            if method != "full fine-tuning":
+                assert row["trainable"] < 0.05 * row["total"], (task_name, method)
+    json.dumps(results)
+    assert "| full fine-tuning |" in run.table(setting, results)
