@@ -28,6 +28,7 @@ from ptmjax.training.trainer import Trainer
 from ptmjax.tree_paths import overlay, shapes_by_path, subtree
 
 MIN_RESTORED_FRACTION = 0.5
+SCANNED_STACK = re.compile(rf"(^|/){layer_stack.SCANNED}/")
 LAYER = re.compile(r"^(.*?/)?layers(_\d+)?/")  # the path of the first layer (or layer stack) a parameter is in
 LISTED = 8  # paths named per list in the printed summary
 
@@ -41,7 +42,7 @@ def initial_params(model_dir: str, trainer: Trainer, rng: jax.Array) -> Any:
     step = folder.checkpoint_step()
     saved = shapes_by_path(folder.state_metadata(step)["params"])
     api = trainer.api
-    layout = max(_layouts(api), key=lambda a: len(saved.keys() & shapes_by_path(a.abstract_params).keys()))
+    layout = _saved_layout(api, saved)
     wanted = shapes_by_path(layout.abstract_params)
     shared = sorted(saved.keys() & wanted.keys())
     _check_shared(folder, api, saved, wanted, shared)
@@ -63,10 +64,11 @@ def initial_params(model_dir: str, trainer: Trainer, rng: jax.Array) -> Any:
     return params
 
 
-def _layouts(api: ModelApi) -> list[ModelApi]:
-    """The model, and the same model with the other `scan_layers` setting where it has layer stacks."""
-    other = api.with_scan_layers(not api.scanning)
-    return [api] if other is None else [api, other]
+def _saved_layout(api: ModelApi, saved: dict) -> ModelApi:
+    """The model with the checkpoint's `scan_layers` setting: scanned stacks save a 'layers' module."""
+    saved_scanned = any(SCANNED_STACK.search(path) for path in saved)
+    other = api.with_scan_layers(saved_scanned) if saved_scanned != bool(api.scanning) else None
+    return api if other is None else other
 
 
 def _check_shared(folder: ModelDir, api: ModelApi, saved: dict, wanted: dict, shared: list[str]) -> None:
