@@ -194,17 +194,23 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Decoder token ids [b, t] and encoded [b, s, embed] -> float32 logits [b, t, vocab].
+    """Decoder token ids [b, t] and encoded [b, s, embed] -> final hidden states [b, t, embed] (`hidden_states`)
+    -> float32 logits [b, t, vocab] (`logits`).
 
-    Decoding (`cache`): the tokens fill cache slots cache.index, ... and attend
-    causally to the cache; their relative positions are their slots.
+    Decoding (`cache`): the tokens fill cache slots cache.index, ... and attend causally to the
+    cache; their relative positions are their slots.
     """
 
     config: T5Config
     shared_embedding: Embed
 
+    def setup(self) -> None:
+        c = self.config
+        if not c.tie_embeddings:
+            self.logits_dense = Dense((c.vocab_size,), ("embed", "vocab"), **dtype_kwargs(c))
+
     @nn.compact
-    def __call__(
+    def hidden_states(
         self,
         encoded: Array,
         encoder_tokens: Array,
@@ -234,11 +240,15 @@ class Decoder(nn.Module):
             enable_dropout=enable_dropout,
         )  # fmt: skip
         x = RMSNorm(c.layer_norm_epsilon, name="decoder_norm", **dtype_kwargs(c))(x)
-        x = drop(x, deterministic=not enable_dropout)  # [b, t, embed]
+        return drop(x, deterministic=not enable_dropout)  # [b, t, embed]
+
+    def logits(self, hidden_states: Array) -> Array:
+        """Final hidden states [b, t, embed] -> logits float32 [b, t, vocab]."""
+        c = self.config
         if c.tie_embeddings:
-            logits = self.shared_embedding.attend(x * (c.d_model**-0.5))
+            logits = self.shared_embedding.attend(hidden_states * (c.d_model**-0.5))
         else:
-            logits = Dense((c.vocab_size,), ("embed", "vocab"), name="logits_dense", **dtype_kwargs(c))(x)
+            logits = self.logits_dense(hidden_states)
         return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES)  # [b, t, vocab]
 
 
@@ -287,11 +297,49 @@ class EncoderDecoder(EncoderDecoderInterface):
 
         -> logits [b, t, vocab]. Decoding: see `EncoderDecoderInterface`.
         """
+        return self.logits(self._decoder_hidden_states(
+            encoded, encoder_input_tokens, decoder_input_tokens,
+            encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout, cache,
+        ))  # fmt: skip
+
+    def hidden_states(
+        self,
+        encoder_input_tokens: Array,
+        decoder_input_tokens: Array,
+        encoder_segment_ids: Array | None = None,
+        decoder_segment_ids: Array | None = None,
+        encoder_positions: Array | None = None,
+        decoder_positions: Array | None = None,
+        enable_dropout: bool = False,
+    ) -> Array:
+        """`__call__`'s fields -> the decoder's final hidden states [b, t, embed]; `logits` of them is `__call__`."""
+        encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout)
+        return self._decoder_hidden_states(
+            encoded, encoder_input_tokens, decoder_input_tokens,
+            encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout,
+        )  # fmt: skip
+
+    def _decoder_hidden_states(
+        self,
+        encoded: Array | None,
+        encoder_input_tokens: Array,
+        decoder_input_tokens: Array,
+        encoder_segment_ids: Array | None,
+        decoder_segment_ids: Array | None,
+        decoder_positions: Array | None,
+        enable_dropout: bool,
+        cache: CacheSlots | None = None,
+    ) -> Array:
+        """`decode`'s arguments -> the decoder's final hidden states [b, t, embed]."""
         check_token_inputs(
             "decoder_input_tokens", decoder_input_tokens,
             decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
         )  # fmt: skip
-        return self.decoder(
+        return self.decoder.hidden_states(
             encoded, encoder_input_tokens, decoder_input_tokens,
             encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout, cache,
         )  # fmt: skip
+
+    def logits(self, hidden_states: Array) -> Array:
+        """The decoder's final hidden states [b, t, embed] -> logits float32 [b, t, vocab]."""
+        return self.decoder.logits(hidden_states)
