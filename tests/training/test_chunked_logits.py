@@ -3,6 +3,7 @@ T5 tied and untied (packed), GPT-2 (packed, prefix LM), with z-loss, label smoot
 sharded on (data=2, fsdp=2, tensor=2) against the plain loss on one device."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +49,7 @@ def packed_batch(model, seed: int = 0) -> dict[str, jax.Array]:
     return {name: jnp.asarray(value, jnp.int32) for name, value in batch.items()}
 
 
+@functools.lru_cache(maxsize=None)
 def loss_and_grads(model, loss_config: LossConfig, seed: int = 0):
     api = model_api(model)
     params = api.init(jax.random.key(seed))
@@ -63,7 +65,7 @@ def loss_and_grads(model, loss_config: LossConfig, seed: int = 0):
 
 @pytest.mark.parametrize("model", [EncoderDecoder(T5_UNTIED), EncoderDecoder(T5_TIED), GPT2(GPT)],
                          ids=["t5_untied", "t5_tied", "gpt2_prefix_lm"])  # fmt: skip
-@pytest.mark.parametrize("chunk_size", [1, 4, LENGTH])
+@pytest.mark.parametrize("chunk_size", [1, 4])  # 4 pads the length 6 to 8
 def test_chunked_loss_and_gradients_equal_the_plain_ones(model, chunk_size):
     (want, want_metrics), want_grads = loss_and_grads(model, PLAIN)
     (got, got_metrics), got_grads = loss_and_grads(model, dataclasses.replace(PLAIN, logits_chunk_size=chunk_size))
