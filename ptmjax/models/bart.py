@@ -157,7 +157,7 @@ class BartLayer(nn.Module):
         def attention(name: str, cross_attention: bool = False) -> MultiHeadAttention:
             return MultiHeadAttention(
                 c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-                cross_attention=cross_attention, name=name, **dtype_kwargs(c),
+                cross_attention=cross_attention, attention_kernel=c.attention_kernel, name=name, **dtype_kwargs(c),
             )  # fmt: skip
 
         self_name = "self_attention" if self.decoder else "attention"

@@ -107,7 +107,10 @@ class EncoderLayer(nn.Module):
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
-        h = MultiHeadAttention(c.num_heads, c.head_dim, c.dropout_rate, name="attention", **dtype_kwargs(c))(
+        h = MultiHeadAttention(
+            c.num_heads, c.head_dim, c.dropout_rate, attention_kernel=c.attention_kernel, name="attention",
+            **dtype_kwargs(c),
+        )(
             h, h, bias, enable_dropout
         )
         x = x + drop(h, deterministic=not enable_dropout)
@@ -136,7 +139,10 @@ class DecoderLayer(nn.Module):
         """
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
-        attn = dict(num_heads=c.num_heads, head_dim=c.head_dim, dropout_rate=c.dropout_rate, **dtype_kwargs(c))
+        attn = dict(
+            num_heads=c.num_heads, head_dim=c.head_dim, dropout_rate=c.dropout_rate,
+            attention_kernel=c.attention_kernel, **dtype_kwargs(c),
+        )  # fmt: skip
         h = RMSNorm(c.layer_norm_epsilon, name="pre_self_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(name="self_attention", **attn)(h, h, self_bias, enable_dropout, cache)
         x = x + drop(h, deterministic=not enable_dropout)
