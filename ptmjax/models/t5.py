@@ -259,7 +259,7 @@ class Decoder(nn.Module):
 
 
 class EncoderDecoder(EncoderDecoderInterface):
-    """T5: `__call__` = `decode(encode(...))`, logits float32 [batch, target_len, vocab].
+    """T5: `__call__` = `logits(hidden_states(...))`, logits float32 [batch, target_len, vocab].
 
     Dropout draws from the 'dropout' rng collection when `enable_dropout=True`.
     Hidden states and attention probabilities are sown into 'intermediates'.
@@ -288,52 +288,15 @@ class EncoderDecoder(EncoderDecoderInterface):
         )  # fmt: skip
         return self.encoder(encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout)
 
-    def decode(
-        self,
-        encoded: Array,
-        encoder_input_tokens: Array,
-        decoder_input_tokens: Array,
-        encoder_segment_ids: Array | None = None,
-        decoder_segment_ids: Array | None = None,
-        decoder_positions: Array | None = None,
-        enable_dropout: bool = False,
-        cache: CacheSlots | None = None,
-    ) -> Array:
-        """encoded [b, s, embed], encoder tokens [b, s] (for the mask), decoder tokens [b, t]
-
-        -> logits [b, t, vocab]. Decoding: see `EncoderDecoderInterface`.
-        """
-        return self.logits(self._decoder_hidden_states(
-            encoded, encoder_input_tokens, decoder_input_tokens,
-            encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout, cache,
-        ))  # fmt: skip
-
-    def hidden_states(
-        self,
-        encoder_input_tokens: Array,
-        decoder_input_tokens: Array,
-        encoder_segment_ids: Array | None = None,
-        decoder_segment_ids: Array | None = None,
-        encoder_positions: Array | None = None,
-        decoder_positions: Array | None = None,
-        enable_dropout: bool = False,
-    ) -> Array:
-        """`__call__`'s fields -> the decoder's final hidden states [b, t, embed]; `logits` of them is `__call__`."""
-        encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout)
-        return self._decoder_hidden_states(
-            encoded, encoder_input_tokens, decoder_input_tokens,
-            encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout,
-        )  # fmt: skip
-
-    def _decoder_hidden_states(
+    def decoder_hidden_states(
         self,
         encoded: Array | None,
         encoder_input_tokens: Array,
         decoder_input_tokens: Array,
-        encoder_segment_ids: Array | None,
-        decoder_segment_ids: Array | None,
-        decoder_positions: Array | None,
-        enable_dropout: bool,
+        encoder_segment_ids: Array | None = None,
+        decoder_segment_ids: Array | None = None,
+        decoder_positions: Array | None = None,
+        enable_dropout: bool = False,
         cache: CacheSlots | None = None,
     ) -> Array:
         """`decode`'s arguments -> the decoder's final hidden states [b, t, embed]."""

@@ -24,7 +24,7 @@ class LossConfig:
         loss against the generator's MLM loss (the paper's 50).
       logits_chunk_size: None computes all logits at once; a number of positions computes the
         output layer and the loss that many positions at a time, recomputing each chunk in the
-        backward pass, so float32 logits never exist for the whole batch (T5 and GPT-2;
+        backward pass, so float32 logits never exist for the whole batch (T5, BART, GPT-2;
         ptmjax/training/chunked_logits.py).
     """
 

@@ -276,11 +276,11 @@ class ModelApi:
         return terms.token_loss, terms.batch_loss + aux, stats
 
     def check_chunkable(self) -> None:
-        """Raise unless the module is a language model with `hidden_states` and `logits` methods (T5, GPT-2)."""
+        """Raise unless the module is a language model with `hidden_states` and `logits` methods (T5, BART, GPT-2)."""
         methods = all(callable(getattr(self.module, name, None)) for name in ("hidden_states", "logits"))
         if self.family.loss is not model_losses.sequence_to_sequence_loss or not methods:
             raise ValueError(
-                f"LossConfig.logits_chunk_size needs T5 or GPT-2, got {type(self.module).__name__}; "
+                f"LossConfig.logits_chunk_size needs T5, BART or GPT-2, got {type(self.module).__name__}; "
                 "set LossConfig.logits_chunk_size = None for this model"
             )
 

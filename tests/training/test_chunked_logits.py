@@ -1,5 +1,5 @@
 """The chunked loss (LossConfig.logits_chunk_size) equals the plain loss, its metrics and its gradients:
-T5 tied and untied (packed), GPT-2 (packed, prefix LM), with z-loss, label smoothing and dropout, and
+T5 tied and untied, BART (packed), GPT-2 (packed, prefix LM), with z-loss, label smoothing and dropout, and
 sharded on (data=2, fsdp=2, tensor=2) against the plain loss on one device."""
 
 import dataclasses
@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from ptmjax import partitioning
-from ptmjax.models import GPT2, Bert, BertConfig, EncoderDecoder, GPT2Config, T5Config
+from ptmjax.models import GPT2, Bart, BartConfig, Bert, BertConfig, EncoderDecoder, GPT2Config, T5Config
 from ptmjax.partitioning import MeshConfig
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.model_api import model_api
@@ -25,6 +25,8 @@ T5_UNTIED = T5Config(
 )
 T5_TIED = dataclasses.replace(T5_UNTIED, ffn_activations=("relu",), tie_embeddings=True)
 GPT = GPT2Config(vocab_size=VOCAB, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16, dropout_rate=0.1)
+BART = BartConfig(vocab_size=VOCAB, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32,
+                  max_length=16, pad_token_id=0, dropout_rate=0.1)  # fmt: skip
 PLAIN = LossConfig(z_loss=1e-2, label_smoothing=0.1)
 
 
@@ -63,8 +65,8 @@ def loss_and_grads(model, loss_config: LossConfig, seed: int = 0):
     return jax.jit(jax.value_and_grad(objective, has_aux=True))(params)
 
 
-@pytest.mark.parametrize("model", [EncoderDecoder(T5_UNTIED), EncoderDecoder(T5_TIED), GPT2(GPT)],
-                         ids=["t5_untied", "t5_tied", "gpt2_prefix_lm"])  # fmt: skip
+@pytest.mark.parametrize("model", [EncoderDecoder(T5_UNTIED), EncoderDecoder(T5_TIED), Bart(BART), GPT2(GPT)],
+                         ids=["t5_untied", "t5_tied", "bart", "gpt2_prefix_lm"])  # fmt: skip
 @pytest.mark.parametrize("chunk_size", [1, 4])  # 4 pads the length 6 to 8
 def test_chunked_loss_and_gradients_equal_the_plain_ones(model, chunk_size):
     (want, want_metrics), want_grads = loss_and_grads(model, PLAIN)
@@ -78,7 +80,7 @@ def test_chunked_loss_and_gradients_equal_the_plain_ones(model, chunk_size):
 
 def test_a_model_without_hidden_states_refuses_chunking():
     bert = Bert(BertConfig(vocab_size=VOCAB, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_length=16))
-    with pytest.raises(ValueError, match="logits_chunk_size needs T5 or GPT-2, got Bert"):
+    with pytest.raises(ValueError, match="logits_chunk_size needs T5, BART or GPT-2, got Bert"):
         model_api(bert).loss({}, {}, LossConfig(logits_chunk_size=4))
     with pytest.raises(ValueError, match="logits_chunk_size must be a positive number of positions, got 0"):
         LossConfig(logits_chunk_size=0)
