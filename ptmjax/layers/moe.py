@@ -20,11 +20,12 @@ capacity] applied with einsums; the expert-side activations are constrained to
 the rules map experts to a mesh axis the tokens move there by all-to-all.
 
 Dropless (`dropless=True`, MoeConfig.moe_dropless): every token reaches all its top-k experts,
-no capacity. Within each group the (token, choice) rows are sorted by expert and each expert's
-feed-forward runs on its contiguous rows with grouped matmuls (`jax.lax.ragged_dot`), vmapped over
-groups; the gates are the same. It equals the capacity-based layer whenever that drops nothing.
-The capacity factors are unused. Under expert parallelism the experts' kernels stay sharded and
-the partitioner moves what ragged_dot needs; this is not the capacity path's all-to-all.
+no capacity. The (token, choice) rows of the batch are sorted by expert and each expert's
+feed-forward runs on its contiguous rows with grouped matmuls (`jax.lax.ragged_dot`); routing and
+gates are those of the groups, as above (a row's result depends only on its token and expert).
+It equals the capacity-based layer whenever that drops nothing; the capacity factors are unused.
+Under expert parallelism the sort and the grouped matmuls are left to the partitioner (no
+explicit all-to-all as on the capacity path): correct on any mesh, not tuned for one.
 
 Auxiliary losses, sown (already weighted) into the 'losses' collection:
 - 'load_balancing_loss': num_experts * sum_e f_e * P_e, averaged over groups,
@@ -313,15 +314,11 @@ class MoeBlock(nn.Module):
             gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
         self._sow_losses(logits, probs, index[..., 0])
         self.sow("intermediates", "dropped_fraction", jnp.zeros((), jnp.float32))
-        experts = index.reshape(groups, tokens * self.top_k)  # [G, S*K] the expert of each (token, choice)
-        order = jnp.argsort(experts, axis=-1, stable=True)  # rows sorted by expert, per group
-        rows = jnp.take_along_axis(jnp.repeat(x, self.top_k, axis=1), order[..., None], axis=1)  # [G, S*K, embed]
-        sizes = jax.vmap(lambda e: jnp.bincount(e, length=self.num_experts))(experts).astype(jnp.int32)  # [G, E]
-
-        def grouped(a: Array, w: Array) -> Array:
-            return jax.vmap(lambda a, n: jax.lax.ragged_dot(a, w, n))(a, sizes)
-
-        out_rows = self._experts(rows, grouped, None, enable_dropout)  # [G, S*K, embed], sorted
-        out_rows = jnp.take_along_axis(out_rows, jnp.argsort(order, axis=-1)[..., None], axis=1)
+        experts = index.reshape(-1)  # [G*S*K] the expert of each (token, choice) row
+        order = jnp.argsort(experts, stable=True)  # rows sorted by expert
+        rows = jnp.repeat(x.reshape(groups * tokens, embed), self.top_k, axis=0)[order]  # [G*S*K, embed]
+        sizes = jnp.bincount(experts, length=self.num_experts).astype(jnp.int32)  # [E] rows per expert
+        out_rows = self._experts(rows, lambda a, w: jax.lax.ragged_dot(a, w, sizes), None, enable_dropout)
+        out_rows = out_rows[jnp.argsort(order)]  # back to (token, choice) order
         out = jnp.einsum("gskd,gsk->gsd", out_rows.reshape(groups, tokens, self.top_k, embed), gates.astype(self.dtype))
         return nn.with_logical_constraint(out, TOKEN_AXES)
