@@ -110,9 +110,7 @@ class EncoderLayer(nn.Module):
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.dropout_rate, attention_kernel=c.attention_kernel, name="attention",
             **dtype_kwargs(c),
-        )(
-            h, h, bias, enable_dropout
-        )
+        )(h, h, bias, enable_dropout)
         x = x + drop(h, deterministic=not enable_dropout)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
         h = _feed_forward(c, self.use_moe)(h, enable_dropout)
@@ -200,7 +198,7 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Decoder token ids [b, t] and encoded [b, s, embed] -> final hidden states [b, t, embed] (`hidden_states`)
+    """Decoder token ids [b, t] and encoded [b, s, embed] -> final hidden states [b, t, embed] (`__call__`)
     -> float32 logits [b, t, vocab] (`logits`).
 
     Decoding (`cache`): the tokens fill cache slots cache.index, ... and attend causally to the
@@ -216,7 +214,7 @@ class Decoder(nn.Module):
             self.logits_dense = Dense((c.vocab_size,), ("embed", "vocab"), **dtype_kwargs(c))
 
     @nn.compact
-    def hidden_states(
+    def __call__(
         self,
         encoded: Array,
         encoder_tokens: Array,
@@ -304,7 +302,7 @@ class EncoderDecoder(EncoderDecoderInterface):
             "decoder_input_tokens", decoder_input_tokens,
             decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
         )  # fmt: skip
-        return self.decoder.hidden_states(
+        return self.decoder(
             encoded, encoder_input_tokens, decoder_input_tokens,
             encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout, cache,
         )  # fmt: skip
