@@ -6,7 +6,7 @@ Importing this module also registers the seqio tasks and mixtures.
 import gin
 
 from ptmjax import partitioning  # noqa: F401
-from ptmjax.adapt import bitfit, lora
+from ptmjax.adapt import adapters, bitfit, lora, p_tuning, prefix_tuning, prompt_tuning
 from ptmjax.data import (  # noqa: F401
     classification_head_task,
     downstream_tasks,
@@ -42,6 +42,10 @@ gin.external_configurable(electra.ElectraDiscriminator, module="ptmjax.models")
 gin.external_configurable(electra.ElectraGenerator, module="ptmjax.models")
 gin.external_configurable(permutation_lm.PermutationLM, module="ptmjax.models")
 gin.external_configurable(lora.lora, module="ptmjax.adapt")
+gin.external_configurable(adapters.adapters, module="ptmjax.adapt")
+gin.external_configurable(prompt_tuning.prompt_tuning, module="ptmjax.adapt")
+gin.external_configurable(p_tuning.p_tuning, module="ptmjax.adapt")
+gin.external_configurable(prefix_tuning.prefix_tuning, module="ptmjax.adapt")
 gin.external_configurable(encoder_tasks.EncoderForSequenceClassification, module="ptmjax.models")
 gin.external_configurable(encoder_tasks.EncoderForTokenClassification, module="ptmjax.models")
 gin.external_configurable(encoder_tasks.EncoderForQuestionAnswering, module="ptmjax.models")
@@ -59,3 +63,6 @@ gin.external_configurable(translation.register_translation_task, module="ptmjax.
 # Parameter-path patterns for train.trainable, e.g. `train.trainable = [%ptmjax.adapt.LORA_PARAMS]`.
 gin.constant("ptmjax.adapt.LORA_PARAMS", lora.LORA_PARAMS)
 gin.constant("ptmjax.adapt.BITFIT_PARAMS", bitfit.BITFIT_PARAMS)
+gin.constant("ptmjax.adapt.ADAPTER_PARAMS", adapters.ADAPTER_PARAMS)
+gin.constant("ptmjax.adapt.PROMPT_PARAMS", prompt_tuning.PROMPT_PARAMS)
+gin.constant("ptmjax.adapt.PREFIX_PARAMS", prefix_tuning.PREFIX_PARAMS)

@@ -114,6 +114,15 @@ class ModelDir:
         """The saved tree of ArrayMetadata (shape, dtype, sharding) of a checkpoint's state; nothing is restored."""
         return saved_state_metadata(os.path.join(self.checkpoints_path, str(self.checkpoint_step(step)), "state"))
 
+    def params_metadata(self, step: int | None = None) -> dict[str, Any]:
+        """The saved parameters' ArrayMetadata tree, with those a folder with a base reads from its base."""
+        own = self.state_metadata(step)["params"]
+        base = self.base()
+        if base is None:
+            return own
+        folder, base_step = base
+        return overlay(folder.params_metadata(base_step), own)
+
     def checkpointer(self, **options: Any) -> Checkpointer:
         """The folder's Checkpointer (it creates checkpoints/ when missing: for writing)."""
         return Checkpointer(self.checkpoints_path, **options)

@@ -53,6 +53,8 @@ DEFAULT_RULES: Rules = (
     ("expert", "expert"),
     ("router_expert", None),  # the small MoE router kernel [embed, expert] is not expert-sharded
     ("layers", None),  # the stacked axis of scanned layers (ptmjax/models/layer_stack.py)
+    ("adapter", None),  # an adapter's bottleneck (ptmjax/adapt/adapters.py)
+    ("prompt", None),  # the positions of a soft prompt or prefix (ptmjax/adapt/prompt_tuning.py, prefix_tuning.py)
 )
 
 

@@ -49,15 +49,33 @@ TASKS = {
 }  # fmt: skip
 
 
-def methods(task: Task) -> dict[str, tuple[float, list[str]]]:
-    """Each method's peak learning rate and gin bindings for `task`."""
+PROMPT_LENGTH = 20  # soft-prompt tokens: they occupy positions of the BERT demo's 128-position table
+
+
+def methods(task: Task, inputs_length: int) -> dict[str, tuple[float, list[str]]]:
+    """Each method's peak learning rate and gin bindings for `task` with inputs of `inputs_length` tokens."""
+
+    def wrapped(wrapper: str, pattern: str, *settings: str) -> list[str]:
+        return [f"train.model = @{wrapper}()", f"{wrapper}.model = @{task.model}()", *settings,
+                f"train.trainable = [%ptmjax.adapt.{pattern}, {task.head}]"]  # fmt: skip
+
+    prompt_inputs = f"train.task_feature_lengths = {{'inputs': {inputs_length - PROMPT_LENGTH}}}"
     return {
         "full fine-tuning": (1e-3, []),
         "linear probe (frozen backbone)": (1e-2, [f"train.trainable = [{task.head}]"]),
         "BitFit": (1e-2, [f"train.trainable = [%ptmjax.adapt.BITFIT_PARAMS, {task.head}]"]),
-        "LoRA (r=8, query and value)": (5e-3, [
-            "train.model = @lora()", f"lora.model = @{task.model}()", "lora.rank = 8", "lora.alpha = 16.0",
-            f"train.trainable = [%ptmjax.adapt.LORA_PARAMS, {task.head}]"]),
+        "LoRA (r=8, query and value)": (5e-3, wrapped("lora", "LORA_PARAMS", "lora.rank = 8", "lora.alpha = 16.0")),
+        "adapters (Houlsby, 16)": (5e-3, wrapped("adapters", "ADAPTER_PARAMS", "adapters.placement = 'houlsby'",
+                                                 "adapters.bottleneck = 16")),
+        "adapters (Pfeiffer, 16)": (5e-3, wrapped("adapters", "ADAPTER_PARAMS", "adapters.placement = 'pfeiffer'",
+                                                  "adapters.bottleneck = 16")),
+        f"prompt tuning ({PROMPT_LENGTH})": (3e-2, [
+            *wrapped("prompt_tuning", "PROMPT_PARAMS", f"prompt_tuning.length = {PROMPT_LENGTH}"), prompt_inputs]),
+        f"P-tuning ({PROMPT_LENGTH}, MLP 64)": (1e-2, [
+            *wrapped("p_tuning", "PROMPT_PARAMS", f"p_tuning.length = {PROMPT_LENGTH}", "p_tuning.hidden = 64"),
+            prompt_inputs]),
+        "prefix tuning (10, MLP 64)": (1e-2, wrapped("prefix_tuning", "PREFIX_PARAMS", "prefix_tuning.length = 10",
+                                                     "prefix_tuning.hidden = 64")),
     }  # fmt: skip
 
 
@@ -138,7 +156,7 @@ def compare(setting: Setting) -> dict[str, Any]:
         task = TASKS[task_name]
         results["tasks"][task_name] = {
             method: finetune(setting, runs / slug(task_name) / slug(method), backbone, task, learning_rate, bindings)
-            for method, (learning_rate, bindings) in methods(task).items()
+            for method, (learning_rate, bindings) in methods(task, setting.inputs_length).items()
         }
     return results
 

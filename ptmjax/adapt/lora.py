@@ -1,10 +1,9 @@
 """LoRA (Hu et al., 2021): a trainable low-rank update `scale * dropout(x) @ A @ B` beside chosen Dense kernels.
 
-`lora(model, rank, alpha, dropout, targets)` returns the model as a subclass of
-its own class (so `model_api`'s family lookup, gin and decoding treat it as the
-model it was) whose entry methods (`__call__`, `encode`, `decode`,
-`hidden_states`, ...: every public method, so decoding's `method=` calls too)
-run under a Flax method interceptor. The interceptor adds the update to each
+`lora(model, rank, alpha, dropout, targets)` returns the model adapted by
+interception (`ptmjax.adapt.interception`: a subclass of its own class whose
+entry methods, decoding's `method=` calls too, run under a Flax method
+interceptor). The interceptor adds the update to each
 `ptmjax.layers.dense.Dense` whose module path ('/'-joined, e.g.
 'encoder/layers_0/attention/query'; scanned stacks: '.../layers/...')
 `targets` matches in full. Every family computes its projections with that
@@ -31,18 +30,17 @@ decoding and scanned layers did work there.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
-import functools
-import inspect
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ptmjax.adapt import interception
+from ptmjax.adapt.interception import adapted
 from ptmjax.layers.dense import Dense
 
 Array = jax.Array
@@ -54,6 +52,10 @@ QUERY_AND_VALUE = r".*attention/(query|value)"  # every family's self- and cross
 @dataclasses.dataclass(frozen=True)
 class LoraSettings:
     """rank r of the update, alpha (scale = alpha / r), dropout rate on the input, targets (module-path regex)."""
+
+    field: ClassVar[str] = "lora"
+    class_prefix: ClassVar[str] = "Lora"
+    title: ClassVar[str] = "LoRA"
 
     rank: int = 8
     alpha: float = 16.0
@@ -74,6 +76,9 @@ class LoraSettings:
     def scale(self) -> float:
         return self.alpha / self.rank
 
+    def start(self, model: nn.Module, arguments: dict[str, Any]) -> _Call:
+        return _Call(self, bool(arguments.get("enable_dropout", False)))
+
 
 @dataclasses.dataclass
 class _Call:
@@ -84,105 +89,37 @@ class _Call:
     seen: list[str] = dataclasses.field(default_factory=list)
     targeted: int = 0
 
+    def intercept(self, next_fun: Callable[..., Any], args: tuple, kwargs: dict, context: Any) -> Any:
+        """A targeted Dense's output plus its LoRA update; every other call unchanged."""
+        out = next_fun(*args, **kwargs)
+        module = context.module
+        if context.method_name != "__call__" or not isinstance(module, Dense):
+            return out
+        path = "/".join(module.scope.path)
+        self.seen.append(path)
+        if not re.fullmatch(self.settings.targets, path):
+            return out
+        self.targeted += 1
+        return out + _update(module, args[0] if args else kwargs["inputs"], self).astype(out.dtype)
 
-_CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("ptmjax_lora_call", default=None)
+    def finish(self, model: nn.Module) -> None:
+        if model.is_initializing() and self.seen and not self.targeted:
+            raise ValueError(
+                f"lora targets={self.settings.targets!r} match no Dense module of {type(model).__name__} (its paths: "
+                f"{', '.join(self.seen[:4])}, ...); give a regex that fully matches the paths to adapt."
+            )
 
 
 def lora(
     model: nn.Module, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0, targets: str = QUERY_AND_VALUE
 ) -> nn.Module:
     """`model` with LoRA on the Dense layers whose module path `targets` fully matches (see the module docstring)."""
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"lora needs a Flax module to adapt, got {type(model).__name__}; e.g. lora.model = @GPT2()")
-    if isinstance(model, _LoraModel):
-        raise ValueError(f"{type(model).__name__} already has LoRA; apply lora to the base model once.")
-    return _lora_class(type(model))(**_fields(model, type(model)), lora=LoraSettings(rank, alpha, dropout, targets))
+    return adapted(model, LoraSettings(rank, alpha, dropout, targets))
 
 
 def base_model(model: nn.Module) -> nn.Module:
     """The plain model under a LoRA model (for merged parameters: `lora_merge.merge_lora`)."""
-    if not isinstance(model, _LoraModel):
-        raise ValueError(f"{type(model).__name__} is not a LoRA model (see ptmjax.adapt.lora.lora).")
-    base = type(model).__bases__[1]  # (_LoraModel, the base class)
-    return base(**_fields(model, base))
-
-
-def _fields(model: nn.Module, cls: type[nn.Module]) -> dict[str, Any]:
-    """`model`'s values of the constructor fields of `cls` (not Flax's parent and name)."""
-    names = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in ("parent", "name")]
-    return {name: getattr(model, name) for name in names}
-
-
-class _LoraModel:
-    """Marks the classes `_lora_class` makes."""
-
-    lora: LoraSettings
-
-
-@functools.cache
-def _lora_class(base: type[nn.Module]) -> type[nn.Module]:
-    """`base` subclassed with a `lora: LoraSettings` field and every entry method intercepted (one class per base)."""
-    namespace: dict[str, Any] = {
-        "__module__": __name__, "__annotations__": {"lora": LoraSettings},
-        "lora": dataclasses.field(kw_only=True),
-    }  # fmt: skip
-    for name in _entry_methods(base):
-        namespace[name] = _intercepted(getattr(base, name))
-    return type(f"Lora{base.__name__}", (_LoraModel, base), namespace)
-
-
-def _entry_methods(base: type[nn.Module]) -> set[str]:
-    """`__call__` and the public methods `base` defines (not nn.Module's, not setup)."""
-    names = set()
-    for klass in base.__mro__:
-        if klass is nn.Module:
-            break
-        names |= {
-            name for name, value in vars(klass).items()
-            if inspect.isfunction(value) and (name == "__call__" or not name.startswith("_")) and name != "setup"
-        }  # fmt: skip
-    return names
-
-
-def _intercepted(method: Callable[..., Any]) -> Callable[..., Any]:
-    """`method` run with the LoRA interceptor when it is the call that enters the model."""
-    signature = inspect.signature(method)
-
-    @functools.wraps(method)
-    def entry(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if _CURRENT.get() is not None:  # called by another intercepted method: already intercepted
-            return method(self, *args, **kwargs)
-        arguments = signature.bind(self, *args, **kwargs)
-        arguments.apply_defaults()
-        call = _Call(self.lora, bool(arguments.arguments.get("enable_dropout", False)))
-        token = _CURRENT.set(call)
-        try:
-            with nn.intercept_methods(_add_lora):
-                out = method(self, *args, **kwargs)
-        finally:
-            _CURRENT.reset(token)
-        if self.is_initializing() and call.seen and not call.targeted:
-            raise ValueError(
-                f"lora targets={call.settings.targets!r} match no Dense module of {type(self).__name__} (its paths: "
-                f"{', '.join(call.seen[:4])}, ...); give a regex that fully matches the paths to adapt."
-            )
-        return out
-
-    return entry
-
-
-def _add_lora(next_fun: Callable[..., Any], args: tuple, kwargs: dict, context: nn.module.InterceptorContext) -> Any:
-    """The interceptor: a targeted Dense's output plus its LoRA update; every other call unchanged."""
-    out = next_fun(*args, **kwargs)
-    module, call = context.module, _CURRENT.get()
-    if call is None or context.method_name != "__call__" or not isinstance(module, Dense):
-        return out
-    path = "/".join(module.scope.path)
-    call.seen.append(path)
-    if not re.fullmatch(call.settings.targets, path):
-        return out
-    call.targeted += 1
-    return out + _update(module, args[0] if args else kwargs["inputs"], call).astype(out.dtype)
+    return interception.base_model(model, LoraSettings)
 
 
 def _update(dense: Dense, inputs: Array, call: _Call) -> Array:

@@ -75,6 +75,10 @@ class HeadEvaluator:
     def task_names(self) -> list[str]:
         return [task.name for task in self._tasks]
 
+    def num_examples(self) -> dict[str, int]:
+        """{task: examples evaluated}."""
+        return {name: len(examples) for name, examples in self._examples.items()}
+
     def evaluate(self, params: Any, step: int | None = None) -> TaskMetrics:
         """{task: {metric: value}} of `params` (laid out anyhow; moved to the mesh once)."""
         del step  # kept for InferenceEvaluator's interface

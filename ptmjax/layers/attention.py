@@ -215,6 +215,7 @@ class MultiHeadAttention(nn.Module):
             elif cache is not None:
                 key, value = self._write_to_cache(key, value, cache.index)  # [b, h, cache length, d]
 
+        key, value, bias = self.attended(key, value, bias)
         if self.scale_logits:
             query = query * jnp.asarray(self.head_dim**-0.5, query.dtype)
         if self.attention_kernel == "einsum":
@@ -239,6 +240,13 @@ class MultiHeadAttention(nn.Module):
             param_dtype=self.param_dtype,
         )(context)  # [b, q, embed]
         return nn.with_logical_constraint(out, ("activation_batch", "activation_length", "activation_embed"))
+
+    def attended(self, key: Array, value: Array, bias: Array | None) -> tuple[Array, Array, Array | None]:
+        """The keys and values [b, h, k, d] (decoding: the whole cache) and the bias the queries attend with.
+
+        As given; prefix tuning (ptmjax.adapt.prefix_tuning) intercepts this call to prepend its keys and values.
+        """
+        return key, value, bias
 
     def _fused_context(
         self, query: Array, key: Array, value: Array, bias: Array | None, enable_dropout: bool

@@ -31,7 +31,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Shard
 from ptmjax import gin_files, partitioning
 from ptmjax.model_dir import ModelDir, saved_mesh_shape
 from ptmjax.training.model_api import model_api
-from ptmjax.tree_paths import leaves_by_path, path_name, shapes_by_path
+from ptmjax.tree_paths import leaves_by_path, path_name, shapes_by_path, subtree
 
 OPT_STATE = "opt_state"
 TOTAL = "total"
@@ -288,7 +288,9 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
     plain = api.unscanned()  # a scanned model's optimizer state mirrors its unscanned twin's parameters
     mirrors = None if plain is api else (plain.abstract_params, plain.logical_axes)
     on_disk = folder.state_metadata(step)
-    params = on_disk["params"]
+    params = folder.params_metadata(step)  # with those from the base of a run that saves only what it trains
+    if folder.base() is not None:  # its base may hold parameters the model leaves out (a pre-training head)
+        params = subtree(params, shapes_by_path(api.abstract_params).keys() & shapes_by_path(params).keys())
     _check_same_shapes(api.abstract_params, params, folder.path)
     if num_devices is None:
         sizes = [getattr(mesh_config, a) for a in partitioning.MESH_AXES]

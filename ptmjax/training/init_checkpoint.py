@@ -32,10 +32,11 @@ LAYER = re.compile(r"^(.*?/)?layers(_\d+)?/")  # the path of the first layer (or
 LISTED = 8  # paths named per list in the printed summary
 
 
-def initial_params(model_dir: str, trainer: Trainer, fresh: Any) -> Any:
-    """`fresh` (the trainer's newly initialised parameters) with every parameter that `model_dir`'s newest
-    checkpoint shares with the model restored, laid out and sharded as the trainer's. Reads only: nothing
-    is created in `model_dir`."""
+def initial_params(model_dir: str, trainer: Trainer, rng: jax.Array) -> Any:
+    """The parameters of a fresh run from `model_dir`'s newest checkpoint: those it shares with the model
+    restored, the rest initialised from `rng` as the trainer's `init_state(rng)` does (with the restored ones in
+    place when the layouts match: see `ModelApi.init_around`), laid out and sharded as the trainer's. Reads
+    only: nothing is created in `model_dir`."""
     folder = ModelDir(model_dir)
     step = folder.checkpoint_step()
     saved = shapes_by_path(folder.state_metadata(step)["params"])
@@ -47,13 +48,14 @@ def initial_params(model_dir: str, trainer: Trainer, fresh: Any) -> Any:
     subset = subtree(layout.abstract_params, shared)
     if layout is api:
         restored = folder.read_params(subset, subtree(trainer.state_shardings.params, shared), step)
-        params = overlay(fresh, restored)
+        params = restored if len(shared) == len(wanted) else trainer.init_around(rng, restored)
     else:  # the checkpoint has the other layer layout: convert on the host
         config = api.module.config
         to_saved, to_model = layer_stack.unscan, layer_stack.scan
         if not api.scanning:
             to_saved, to_model = to_model, to_saved
-        host = overlay(to_saved(jax.device_get(fresh), config), folder.read_params(subset, step=step))
+        fresh = jax.device_get(trainer.init_state(rng).params)
+        host = overlay(to_saved(fresh, config), folder.read_params(subset, step=step))
         params = jax.device_put(to_model(host, config), trainer.state_shardings.params)
     print(f"Initialised {len(shared)} of {len(wanted)} parameter arrays from {folder.checkpoints_path} (step {step})")
     _print_paths("newly initialised", sorted(wanted.keys() - saved.keys()))

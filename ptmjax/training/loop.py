@@ -190,7 +190,7 @@ def train(
         else:
             state, data_state = trainer.init_state(jax.random.key(seed)), {"batches_consumed": 0}
             if init_checkpoint is not None:
-                state = state.replace(params=initial_params(init_checkpoint, trainer, state.params))
+                state = state.replace(params=initial_params(init_checkpoint, trainer, jax.random.key(seed)))
             if part.base is not None and primary:
                 folder.write_base(*part.base)
                 print(f"Checkpoints hold the {len(part.paths)} trained parameter arrays; the rest are read from "

@@ -206,9 +206,21 @@ class ModelApi:
         A one-token dummy batch suffices: parameter shapes do not depend on length.
         Under `jax.eval_shape` this allocates nothing.
         """
+        return self.module.init({"params": rng, **self.rngs(rng, train=False)}, **self._dummy_inputs())["params"]
+
+    def init_around(self, rng: jax.Array, present: Any) -> Any:
+        """The parameters (unboxed): those of `present`, and the rest initialised as `init(rng)` would, but with
+        `present` in place, so an initialiser that reads another parameter (prompt tuning's 'vocab' init reads
+        the token table) reads the given one: a restored checkpoint's, when fine-tuning starts."""
+        _, variables = self.module.apply(
+            {"params": present}, **self._dummy_inputs(), rngs={"params": rng, **self.rngs(rng, train=False)},
+            mutable=["params"],
+        )  # fmt: skip
+        return nn.unbox(variables["params"])
+
+    def _dummy_inputs(self) -> dict[str, Array]:
         tokens = jnp.ones((1, 1), jnp.int32)
-        inputs = {name: tokens for name in self.family.init_fields}
-        return self.module.init({"params": rng, **self.rngs(rng, train=False)}, **inputs)["params"]
+        return {name: tokens for name in self.family.init_fields}
 
     @functools.cached_property
     def boxed_abstract_params(self) -> Any:

@@ -100,6 +100,13 @@ class Trainer:
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             return init(rng)
 
+    def init_around(self, rng: jax.Array, present: Any) -> Any:
+        """The parameters: `present` (some of them, laid out as the trainer's) and the rest initialised around
+        them (`ModelApi.init_around`), created directly in their sharded layout."""
+        init = jax.jit(self.api.init_around, out_shardings=self.state_shardings.params)
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            return init(rng, present)
+
     def train_step(
         self, state: TrainState, batch: steps.Batch, rng: jax.Array
     ) -> tuple[TrainState, dict[str, jax.Array]]:

@@ -1,6 +1,8 @@
 """LoRA fine-tuning from gin as a user runs it: over a pre-trained run, saving only the LoRA matrices, exported
 to Hugging Face merged, with the logits of the LoRA model."""
 
+import math
+
 import gin
 import numpy as np
 import pytest
@@ -78,3 +80,13 @@ def test_ptmjax_load_applies_lora_over_the_base_as_the_merged_export_decodes(lor
     for a, b in zip(got, want, strict=True):
         assert a.tokens == b.tokens
         np.testing.assert_allclose(a.scores, b.scores, rtol=1e-4)
+
+
+def test_inspect_reports_every_parameter_of_the_lora_run(lora_run, capsys):
+    """The LoRA matrices from the run's checkpoint and the rest from its base (runs/demo)."""
+    from ptmjax import cli
+
+    assert cli.main(["inspect", str(lora_run / "lora")]) == 0
+    model, _ = gin_files.read_model_config(ModelDir(lora_run / "lora"))
+    total = sum(math.prod(shape) for shape in shapes_by_path(model_api(model).abstract_params).values())
+    assert f"{total:,}" in capsys.readouterr().out

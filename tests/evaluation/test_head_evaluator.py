@@ -1,13 +1,15 @@
 """HeadEvaluator on the embedded head tasks, against predictions and metrics computed here from the model's
 logits on the same examples (padded by hand, one example at a time)."""
 
+import json
+
 import gin
 import jax
 import numpy as np
 import pytest
 from flax import linen as nn
 
-from ptmjax import gin_files, partitioning
+from ptmjax import cli, gin_files, partitioning
 from ptmjax.data import pipeline
 from ptmjax.data.classification_head_task import MODULE_HEAD_TASK
 from ptmjax.data.qa_task import QA_TASK
@@ -96,3 +98,8 @@ def test_head_fine_tuning_from_gin_over_a_pretrained_bert(tmp_path, capsys):
     assert "in the checkpoint but not in the model, left out: mlm_head/" in out
     accuracy = result.eval_metrics[f"eval_{MODULE_HEAD_TASK}/accuracy"]
     assert 0 <= accuracy <= 100 and np.isfinite(result.eval_metrics["eval_loss"])
+    # `ptmjax eval` of the run's folder scores the same 8 examples alike.
+    output = tmp_path / "eval.json"
+    assert cli.main(["eval", "--model_dir", str(tmp_path / "classify"), "--task", MODULE_HEAD_TASK,
+                     "--max_examples", "8", "--batch_size", "8", "--output", str(output)]) == 0  # fmt: skip
+    assert json.loads(output.read_text())["metrics"][MODULE_HEAD_TASK]["accuracy"] == pytest.approx(accuracy)

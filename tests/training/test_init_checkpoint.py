@@ -49,7 +49,7 @@ def trainer_for(model) -> Trainer:
 def test_init_checkpoint_converts_between_layer_layouts(tmp_path, saved, wanted):
     want = model_folder(tmp_path / "saved", saved)
     trainer = trainer_for(GPT2(wanted))
-    params = initial_params(str(tmp_path / "saved"), trainer, trainer.init_state(jax.random.key(1)).params)
+    params = initial_params(str(tmp_path / "saved"), trainer, jax.random.key(1))
     assert jax.tree.map(lambda p: p.sharding, params) == trainer.state_shardings.params
     got = unscan(jax.device_get(params), wanted) if wanted.scan_layers else jax.device_get(params)
     jax.tree.map(np.testing.assert_array_equal, got, want)
@@ -60,7 +60,7 @@ def test_init_checkpoint_of_another_model_names_the_mismatch(tmp_path):
     bert = Bert(BertConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16))
     trainer = trainer_for(bert)
     with pytest.raises(ValueError, match=r"has layer parameters that Bert's layers lack: \['layers_0/pre_attention_la"):
-        initial_params(str(tmp_path / "gpt2"), trainer, trainer.init_state(jax.random.key(1)).params)
+        initial_params(str(tmp_path / "gpt2"), trainer, jax.random.key(1))
 
 
 T5_TIED = T5Config(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_encoder_layers=2,
@@ -85,7 +85,7 @@ def test_partial_restore_initialises_exactly_the_new_parameters(tmp_path, capsys
     trainer = trainer_for(EncoderDecoder(model))
     fresh = trainer.init_state(jax.random.key(1)).params
     fresh_host = jax.device_get(fresh)
-    params = initial_params(str(tmp_path / "tied"), trainer, fresh)
+    params = initial_params(str(tmp_path / "tied"), trainer, jax.random.key(1))
     assert jax.tree.map(lambda p: p.sharding, params) == trainer.state_shardings.params
     got = jax.device_get(params)
     if scan_layers:
@@ -100,8 +100,7 @@ def test_partial_restore_initialises_exactly_the_new_parameters(tmp_path, capsys
 def test_parameters_only_in_the_checkpoint_are_left_out(tmp_path, capsys):
     saved = t5_folder(tmp_path / "untied", T5_UNTIED)
     trainer = trainer_for(EncoderDecoder(T5_TIED))
-    params = jax.device_get(initial_params(str(tmp_path / "untied"), trainer,
-                                           trainer.init_state(jax.random.key(1)).params))  # fmt: skip
+    params = jax.device_get(initial_params(str(tmp_path / "untied"), trainer, jax.random.key(1)))
     saved_leaves = dict(leaves_by_path(saved))
     for path, value in leaves_by_path(params):
         np.testing.assert_array_equal(value, saved_leaves[path], err_msg=path)
@@ -113,7 +112,7 @@ def test_a_shared_parameter_of_another_shape_is_named(tmp_path):
     trainer = trainer_for(EncoderDecoder(dataclasses.replace(T5_UNTIED, vocab_size=72)))
     with pytest.raises(ValueError, match=r"other shapes: decoder/logits_dense/kernel: checkpoint \(16, 64\), model "
                                          r"\(16, 72\); token_embedder"):  # fmt: skip
-        initial_params(str(tmp_path / "untied"), trainer, trainer.init_state(jax.random.key(1)).params)
+        initial_params(str(tmp_path / "untied"), trainer, jax.random.key(1))
 
 
 def test_export_of_a_scanned_model_folder_equals_the_plain_export(tmp_path):
@@ -161,4 +160,17 @@ def test_a_checkpoint_with_a_small_part_of_the_model_is_refused(tmp_path):
     checkpointer.close()
     trainer = trainer_for(EncoderDecoder(T5_TIED))
     with pytest.raises(ValueError, match=r"does not hold EncoderDecoder's parameters: it has \d+% of their values"):
-        initial_params(str(tmp_path / "embeddings_only"), trainer, trainer.init_state(jax.random.key(1)).params)
+        initial_params(str(tmp_path / "embeddings_only"), trainer, jax.random.key(1))
+
+
+def test_new_parameters_initialise_around_the_restored_ones(tmp_path):
+    """Prompt tuning's 'vocab' init copies token embeddings: from the restored table, not a random one."""
+    from ptmjax.adapt.prompt_tuning import prompt_tuning
+
+    saved = t5_folder(tmp_path / "t5", T5_TIED)
+    trainer = trainer_for(prompt_tuning(EncoderDecoder(T5_TIED), length=4, init="vocab"))
+    params = jax.device_get(initial_params(str(tmp_path / "t5"), trainer, jax.random.key(1)))
+    table = saved["token_embedder"]["embedding"]
+    for row in params["encoder"]["soft_prompt"]:
+        assert np.any(np.all(table == row, axis=1)), "a prompt row is not a row of the restored token table"
+    np.testing.assert_array_equal(params["token_embedder"]["embedding"], table)

@@ -80,3 +80,4 @@ def test_a_moved_base_is_named(tmp_path, base, whole):
             params_of(whole)
     finally:
         os.rename(tmp_path / "moved", base)
+

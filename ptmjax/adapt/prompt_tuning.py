@@ -1,0 +1,168 @@
+"""Prompt tuning (Lester et al., 2021): n trainable vectors prepended to the input embeddings.
+
+`prompt_tuning(model, length, init)` returns the model adapted by
+interception (`ptmjax.adapt.interception`); no model code changes, so the
+base model's outputs stay bit-identical. The interceptor watches each
+family's embedding-level entry (`family_entries.ENTRIES`): it lengthens the token ids by n
+placeholder ids (not the padding id) in front, so every mask, position and
+length check the model derives from the ids covers the prompt, and replaces
+the token embeddings at those n positions with the prompt. The other
+per-token inputs grow with it: segment ids copy the row's first one, token
+types are 0, explicit positions become 0..n-1 then the given ones + n.
+
+- T5: the encoder's input, `encoder/soft_prompt` [n, d_model]. The encoded
+  output keeps the n prompt positions (the decoder attends to them, as in
+  Lester); the decoder's view of the encoder ids (its cross mask) grows by
+  the same n, so `encode` + `decode` and decoding's cached steps work.
+- BERT family: before everything, [CLS] included (as Hugging Face PEFT),
+  `soft_prompt` [n, embed_dim] in place of token embeddings, so the position
+  and token type embeddings and the LayerNorm apply to it too; `encode` drops
+  the n prompt outputs, so the heads see [b, s] as before and first-token
+  heads pool the real [CLS], not a prompt vector.
+- GPT-2: before the tokens, `soft_prompt` [n, d_model] (with positions
+  0..n-1, the tokens n, n+1, ...); the prompt is causal (never in a prefix
+  LM's bidirectional prefix, so it sees only itself) and `hidden_states` drops
+  its n outputs, so logits align with targets. Cached decoding is refused:
+  the prompt would have to fill the cache once before the first step, which
+  a cached call cannot tell from a later one; use prefix tuning there.
+
+Packed rows (several segments per row) would show the prompt to the first
+segment only: train prompt methods with unpacked examples.
+Initialisation: 'vocab' copies the embeddings of n token ids sampled
+uniformly from the vocabulary (Lester's best, there from the 5,000 most
+common), 'uniform' draws from U(-0.5, 0.5). `PROMPT_PARAMS` matches the
+prompt (and P-tuning's prompt encoder, `ptmjax.adapt.p_tuning`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from ptmjax.adapt.family_entries import Entry, entry_of
+from ptmjax.adapt.interception import adapted
+from ptmjax.layers.embed import Embed
+from ptmjax.models.config import check_positive_ints
+
+Array = jax.Array
+
+PROMPT_PARAMS = r"^(.*/)?(soft_prompt|prompt_encoder_\w+)$"  # unboxed paths, e.g. 'encoder/soft_prompt'
+INITS = ("vocab", "uniform")
+UNIFORM_RANGE = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSettings:
+    """length n of the soft prompt and its init ('vocab' or 'uniform')."""
+
+    field: ClassVar[str] = "prompt_tuning"
+    class_prefix: ClassVar[str] = "PromptTuned"
+    title: ClassVar[str] = "prompt tuning"
+
+    length: int = 20
+    init: str = "vocab"
+
+    def __post_init__(self) -> None:
+        check_positive_ints(self, "length")
+        if self.init not in INITS:
+            raise ValueError(f"{self.field} init={self.init!r} is unknown; use one of {INITS}.")
+
+    def start(self, model: nn.Module, arguments: dict[str, Any]) -> PromptCall:
+        return PromptCall(self)
+
+    def prompt(self, module: nn.Module, embedder: Embed) -> Array:
+        """The prompt [n, embed], its parameters created in `module`'s scope."""
+        return module.param(
+            "soft_prompt", nn.with_logical_partitioning(self.initializer(embedder), ("prompt", "embed")),
+            (self.length, embedder.features), embedder.param_dtype,
+        )  # fmt: skip
+
+    def initializer(self, embedder: Embed) -> Callable[..., Array]:
+        """init(rng, shape, dtype) of vectors [n, embed] like token embeddings (see the module docstring)."""
+        if self.init == "uniform":
+            return _uniform
+        table = embedder.embedding
+
+        def sampled(rng: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
+            ids = jax.random.randint(rng, shape[:1], 0, table.shape[0])
+            return jnp.asarray(table[ids], dtype)
+
+        return sampled
+
+
+def _uniform(rng: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
+    return jax.random.uniform(rng, shape, dtype, -UNIFORM_RANGE, UNIFORM_RANGE)
+
+
+@dataclasses.dataclass
+class PromptCall:
+    """A prompt model call in progress: lengthens the ids at each entry and swaps in the prompt's embeddings."""
+
+    settings: PromptSettings
+    pending: Array | None = None  # the prompt, until the entry's token embedding takes it
+    entered: int = 0
+
+    def intercept(self, next_fun: Callable[..., Any], args: tuple, kwargs: dict, context: Any) -> Any:
+        module = context.module
+        token_embedding = isinstance(module, Embed) and module.axes[0] == "vocab" and context.method_name == "__call__"
+        if self.pending is not None and token_embedding:
+            out = next_fun(*args, **kwargs)
+            prompt, self.pending = self.pending, None
+            rows = jnp.broadcast_to(jnp.asarray(prompt, out.dtype), (out.shape[0], *prompt.shape))
+            return jnp.concatenate([rows, out[:, prompt.shape[0] :]], axis=1)
+        entry = entry_of(module, context.method_name)
+        if entry is None:
+            return next_fun(*args, **kwargs)
+        self.entered += 1
+        arguments = inspect.signature(getattr(type(module), context.method_name)).bind(module, *args, **kwargs)
+        arguments = dict(arguments.arguments)
+        del arguments["self"]
+        if entry.embedder is not None and arguments.get("cache") is not None:
+            raise ValueError(
+                f"{self.settings.title} has no cached decoding for {type(module).__name__} (the prompt cannot fill the "
+                "cache once before the first step); decode with prefix tuning, or prompt-tune T5."
+            )
+        n = self.settings.length
+        arguments.update(_grown(arguments, entry, n, entry.pad_id(module)))
+        if entry.embedder is not None:
+            self.pending = self.settings.prompt(module, entry.embedder(module))
+        out = next_fun(**arguments)
+        return out[:, n:] if entry.drops_prompt else out
+
+    def finish(self, model: nn.Module) -> None:
+        if model.is_initializing() and not self.entered:
+            raise ValueError(
+                f"{self.settings.title} found no token input in {type(model).__name__}; it adapts T5, GPT-2 and the "
+                "BERT family."
+            )
+
+
+def prompt_tuning(model: nn.Module, length: int = 20, init: str = "vocab") -> nn.Module:
+    """`model` with a soft prompt of `length` vectors (see the module docstring)."""
+    return adapted(model, PromptSettings(length, init))
+
+
+def _grown(arguments: dict[str, Any], entry: Entry, n: int, pad_id: int) -> dict[str, Any]:
+    """The entry's ids and their companions with n prompt positions in front."""
+    tokens = arguments[entry.tokens]
+    rows = tokens.shape[0]
+    placeholder = 1 if pad_id != 1 else 2
+    grown = {entry.tokens: jnp.concatenate([jnp.full((rows, n), placeholder, tokens.dtype), tokens], axis=1)}
+    for name, how in entry.companions.items():
+        value = arguments.get(name)
+        if value is None:
+            continue
+        if how == "first":
+            front = jnp.broadcast_to(value[:, :1], (value.shape[0], n))
+        elif how == "zeros":
+            front = jnp.zeros((value.shape[0], n), value.dtype)
+        else:
+            front, value = jnp.broadcast_to(jnp.arange(n, dtype=value.dtype), (value.shape[0], n)), value + n
+        grown[name] = jnp.concatenate([front.astype(value.dtype), value], axis=1)
+    return grown
