@@ -29,6 +29,10 @@ HEAD_AXES = ("activation_batch", "activation_length", "activation_heads", "activ
 # them without a transposed copy, which matters most when decoding reads the whole cache every step.
 KV_AXES = ("activation_batch", "activation_heads", "activation_length", "activation_kv")
 NEG_INF = -1e10  # finite, so a fully masked row gives a uniform softmax instead of NaN
+# How attention probabilities and context are computed: 'einsum' (the reference) spells them out;
+# 'xla' and 'cudnn' call `jax.nn.dot_product_attention` with that implementation (cuDNN's fused
+# flash attention needs a GPU and bfloat16 or float16 activations).
+ATTENTION_KERNELS = ("einsum", "xla", "cudnn")
 
 
 def pairwise_mask(query_valid: Array, key_valid: Array) -> Array:
@@ -157,6 +161,9 @@ class MultiHeadAttention(nn.Module):
     projections and logits divided by sqrt(head_dim).
     Attention probabilities are sown into 'intermediates' as `attention_weights`
     [b, heads, q, k]; apply with `mutable=['intermediates']` to read them.
+    `attention_kernel` (one of ATTENTION_KERNELS): other than 'einsum', `jax.nn.dot_product_attention`
+    computes the context with `bias` added to the logits; it sows no weights and has no dropout
+    on the probabilities, so it refuses `enable_dropout` with `dropout_rate` > 0.
 
     Decoding (`cache` given, apply with `mutable=['cache']`): self-attention
     writes the call's keys and values at `cache.index` of a [b, heads,
@@ -173,6 +180,7 @@ class MultiHeadAttention(nn.Module):
     use_bias: bool = False
     scale_logits: bool = False
     cross_attention: bool = False
+    attention_kernel: str = "einsum"
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
 
@@ -210,14 +218,16 @@ class MultiHeadAttention(nn.Module):
         key, value, bias = self.attended(key, value, bias)
         if self.scale_logits:
             query = query * jnp.asarray(self.head_dim**-0.5, query.dtype)
-        logits = jnp.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
-        if bias is not None:
-            logits = logits + jnp.asarray(bias, logits.dtype)
-        weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
-        self.sow("intermediates", "attention_weights", weights)
-        weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
-
-        context = jnp.einsum("bhqk,bhkd->bqhd", weights, value)  # [b, q, h, d]
+        if self.attention_kernel == "einsum":
+            logits = jnp.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
+            if bias is not None:
+                logits = logits + jnp.asarray(bias, logits.dtype)
+            weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+            self.sow("intermediates", "attention_weights", weights)
+            weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
+            context = jnp.einsum("bhqk,bhkd->bqhd", weights, value)  # [b, q, h, d]
+        else:
+            context = self._fused_context(query, key, value, bias, enable_dropout)
         context = nn.with_logical_constraint(context, HEAD_AXES)
         out = Dense(
             name="out",
@@ -237,6 +247,26 @@ class MultiHeadAttention(nn.Module):
         As given; prefix tuning (ptmjax.adapt.prefix_tuning) intercepts this call to prepend its keys and values.
         """
         return key, value, bias
+
+    def _fused_context(
+        self, query: Array, key: Array, value: Array, bias: Array | None, enable_dropout: bool
+    ) -> Array:
+        """query [b, q, h, d], head-major key and value [b, h, k, d] -> context [b, q, h, d]
+        by `jax.nn.dot_product_attention` (logits not scaled again: T5 folds the scale into the
+        query kernel, `scale_logits` scaled the query above)."""
+        if enable_dropout and self.dropout_rate > 0:
+            raise ValueError(
+                f"attention_kernel={self.attention_kernel!r} has no dropout on attention probabilities but "
+                f"'{self.name}' has dropout_rate={self.dropout_rate}; set the attention dropout rate to 0 or "
+                "use attention_kernel='einsum'"
+            )
+        batch, num_queries, num_keys = query.shape[0], query.shape[1], key.shape[2]
+        if bias is not None:
+            bias = jnp.broadcast_to(jnp.asarray(bias, query.dtype), (batch, bias.shape[1], num_queries, num_keys))
+        key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [b, k, h, d]
+        return jax.nn.dot_product_attention(
+            query, key, value, bias, scale=1.0, implementation=self.attention_kernel
+        )
 
     def _write_to_cache(self, key: Array, value: Array, index: Array) -> tuple[Array, Array]:
         """Writes key and value [b, h, q, d] at slot `index` of the cache; returns the whole cache.

@@ -19,6 +19,14 @@ capacity] applied with einsums; the expert-side activations are constrained to
 'activation_expert' (experts) and 'activation_expert_group' (groups), so when
 the rules map experts to a mesh axis the tokens move there by all-to-all.
 
+Dropless (`dropless=True`, MoeConfig.moe_dropless): every token reaches all its top-k experts,
+no capacity. The (token, choice) rows of the batch are sorted by expert and each expert's
+feed-forward runs on its contiguous rows with grouped matmuls (`jax.lax.ragged_dot`); routing and
+gates are those of the groups, as above (a row's result depends only on its token and expert).
+It equals the capacity-based layer whenever that drops nothing; the capacity factors are unused.
+Under expert parallelism the sort and the grouped matmuls are left to the partitioner (no
+explicit all-to-all as on the capacity path): correct on any mesh, not tuned for one.
+
 Auxiliary losses, sown (already weighted) into the 'losses' collection:
 - 'load_balancing_loss': num_experts * sum_e f_e * P_e, averaged over groups,
   where f_e is the fraction of the group's tokens whose *first* choice is e and
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -64,6 +73,8 @@ class MoeConfig(LayerStackConfig):
     moe_load_balancing_loss_weight / moe_router_z_loss_weight: weights of the auxiliary
       losses the layers sow into the 'losses' collection (added by the train step).
     moe_jitter_noise: multiplicative U(1-eps, 1+eps) noise on router inputs in training.
+    moe_dropless: every token reaches its top-k experts through grouped matmuls
+      (`jax.lax.ragged_dot`), no capacity (see the module docstring).
 
     A subclass names its layer stacks in `layer_stacks()`; layer i of each is an MoE layer when
     `is_moe_layer(i)`, and a scanned stack steps over periods of `moe_every` layers.
@@ -77,6 +88,7 @@ class MoeConfig(LayerStackConfig):
     moe_load_balancing_loss_weight: float = 1e-2
     moe_router_z_loss_weight: float = 1e-3
     moe_jitter_noise: float = 0.0
+    moe_dropless: bool = False
 
     def layer_fields(self, index: int) -> dict[str, Any]:
         return {"use_moe": self.is_moe_layer(index)}
@@ -124,7 +136,7 @@ class MoeConfig(LayerStackConfig):
         return MoeBlock(
             self.num_experts, d_ff, activations, self.moe_top_k, self.moe_train_capacity_factor,
             self.moe_eval_capacity_factor, self.moe_load_balancing_loss_weight, self.moe_router_z_loss_weight,
-            self.moe_jitter_noise, dropout_rate, **module_kwargs,
+            self.moe_jitter_noise, dropout_rate, self.moe_dropless, **module_kwargs,
         )  # fmt: skip
 
 
@@ -193,6 +205,7 @@ class MoeBlock(nn.Module):
       jitter_noise: eps of the multiplicative U(1-eps, 1+eps) noise on the router
         input in training, drawn from the 'dropout' rng; 0 disables it.
       dropout_rate: dropout on the expert hidden activations in training.
+      dropless: no capacity: grouped matmuls over every token's top-k experts (module docstring).
     """
 
     num_experts: int
@@ -205,6 +218,7 @@ class MoeBlock(nn.Module):
     router_z_loss_weight: float = 1e-3
     jitter_noise: float = 0.0
     dropout_rate: float = 0.0
+    dropless: bool = False
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
 
@@ -243,14 +257,14 @@ class MoeBlock(nn.Module):
             )
         groups, tokens, embed = x.shape
         x = nn.with_logical_constraint(jnp.asarray(x, self.dtype), TOKEN_AXES)
+        logits = self._router_logits(x, enable_dropout)  # [G, S, E]
+        if self.dropless:
+            return self._dropless(x, logits, enable_dropout)
         factor = self.train_capacity_factor if enable_dropout else self.eval_capacity_factor
         capacity = expert_capacity(tokens, self.top_k, factor, self.num_experts)
 
-        logits = self._router_logits(x, enable_dropout)  # [G, S, E]
         routing = route(logits, self.top_k, capacity)
-        balance = load_balancing_loss(routing.probs, routing.first_choice)
-        self.sow("losses", "load_balancing_loss", self.load_balancing_loss_weight * balance)
-        self.sow("losses", "router_z_loss", self.router_z_loss_weight * router_z_loss(logits))
+        self._sow_losses(logits, routing.probs, routing.first_choice)
         routed = jnp.sum(routing.dispatch, axis=(2, 3))  # [G, S] choices kept per token
         dropped = jnp.mean((routed < self.top_k).astype(jnp.float32))  # tokens that lost a choice
         self.sow("intermediates", "dropped_fraction", dropped)
@@ -258,16 +272,53 @@ class MoeBlock(nn.Module):
         dispatch = routing.dispatch.astype(self.dtype)
         expert_in = jnp.einsum("gsec,gsd->gecd", dispatch, x)  # [G, E, C, embed]
         expert_in = nn.with_logical_constraint(expert_in, EXPERT_AXES)  # all-to-all to the experts
+        expert_out = self._experts(
+            expert_in, lambda a, w: jnp.einsum("gecd,edf->gecf", a, w), EXPERT_HIDDEN_AXES, enable_dropout
+        )
+        expert_out = nn.with_logical_constraint(expert_out, EXPERT_AXES)
+        expert_out = nn.with_logical_constraint(expert_out, RETURN_AXES)  # all-to-all back to the tokens
+        out = jnp.einsum("gecd,gsec->gsd", expert_out, routing.combine.astype(self.dtype))  # [G, S, embed]
+        return nn.with_logical_constraint(out, TOKEN_AXES)
+
+    def _sow_losses(self, logits: Array, probs: Array, first_choice: Array) -> None:
+        """The weighted auxiliary losses of router logits [G, S, E] into 'losses'."""
+        balance = load_balancing_loss(probs, first_choice)
+        self.sow("losses", "load_balancing_loss", self.load_balancing_loss_weight * balance)
+        self.sow("losses", "router_z_loss", self.router_z_loss_weight * router_z_loss(logits))
+
+    def _experts(
+        self, expert_in: Array, matmul: Callable[[Array, Array], Array], hidden_axes: tuple[str | None, ...] | None,
+        enable_dropout: bool,
+    ) -> Array:  # fmt: skip
+        """Each expert's feed-forward on its inputs [..., embed] -> [..., embed]; `matmul(inputs, kernel)`
+        applies the [expert, in, out] kernels, `hidden_axes` constrains the hidden activations."""
+        embed = expert_in.shape[-1]
         hidden = None
         for i, name in enumerate(self.activations):
             layer = "wi" if len(self.activations) == 1 else f"wi_{i}"
             wi = self._expert_kernel(layer, (embed, self.d_ff), ("embed", "mlp"))
-            h = ACTIVATIONS[name](jnp.einsum("gecd,edf->gecf", expert_in, wi))  # [G, E, C, mlp]
+            h = ACTIVATIONS[name](matmul(expert_in, wi))  # [..., mlp]
             hidden = h if hidden is None else hidden * h
-        hidden = nn.with_logical_constraint(hidden, EXPERT_HIDDEN_AXES)
+        if hidden_axes is not None:
+            hidden = nn.with_logical_constraint(hidden, hidden_axes)
         hidden = nn.Dropout(self.dropout_rate)(hidden, deterministic=not enable_dropout)
         wo = self._expert_kernel("wo", (self.d_ff, embed), ("mlp", "embed"))
-        expert_out = nn.with_logical_constraint(jnp.einsum("gecf,efd->gecd", hidden, wo), EXPERT_AXES)
-        expert_out = nn.with_logical_constraint(expert_out, RETURN_AXES)  # all-to-all back to the tokens
-        out = jnp.einsum("gecd,gsec->gsd", expert_out, routing.combine.astype(self.dtype))  # [G, S, embed]
+        return matmul(hidden, wo)
+
+    def _dropless(self, x: Array, logits: Array, enable_dropout: bool) -> Array:
+        """x [G, S, embed] through every token's top-k experts by grouped matmuls -> [G, S, embed]."""
+        groups, tokens, embed = x.shape
+        probs = jax.nn.softmax(logits, axis=-1)
+        gates, index = jax.lax.top_k(probs, self.top_k)  # [G, S, K]
+        if self.top_k > 1:
+            gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+        self._sow_losses(logits, probs, index[..., 0])
+        self.sow("intermediates", "dropped_fraction", jnp.zeros((), jnp.float32))
+        experts = index.reshape(-1)  # [G*S*K] the expert of each (token, choice) row
+        order = jnp.argsort(experts, stable=True)  # rows sorted by expert
+        rows = jnp.repeat(x.reshape(groups * tokens, embed), self.top_k, axis=0)[order]  # [G*S*K, embed]
+        sizes = jnp.bincount(experts, length=self.num_experts).astype(jnp.int32)  # [E] rows per expert
+        out_rows = self._experts(rows, lambda a, w: jax.lax.ragged_dot(a, w, sizes), None, enable_dropout)
+        out_rows = out_rows[jnp.argsort(order)]  # back to (token, choice) order
+        out = jnp.einsum("gskd,gsk->gsd", out_rows.reshape(groups, tokens, self.top_k, embed), gates.astype(self.dtype))
         return nn.with_logical_constraint(out, TOKEN_AXES)

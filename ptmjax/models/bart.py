@@ -157,7 +157,7 @@ class BartLayer(nn.Module):
         def attention(name: str, cross_attention: bool = False) -> MultiHeadAttention:
             return MultiHeadAttention(
                 c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-                cross_attention=cross_attention, name=name, **dtype_kwargs(c),
+                cross_attention=cross_attention, attention_kernel=c.attention_kernel, name=name, **dtype_kwargs(c),
             )  # fmt: skip
 
         self_name = "self_attention" if self.decoder else "attention"
@@ -210,7 +210,7 @@ class BartStack(nn.Module):
 
 
 class Bart(EncoderDecoderInterface):
-    """BART / mBART: `__call__` = `decode(encode(...))`, logits float32 [batch, target_len, vocab].
+    """BART / mBART: `__call__` = `logits(hidden_states(...))`, logits float32 [batch, target_len, vocab].
 
     Dropout draws from the 'dropout' rng collection when `enable_dropout=True`.
     Hidden states of every layer and attention probabilities are sown into 'intermediates'.
@@ -249,7 +249,7 @@ class Bart(EncoderDecoderInterface):
         bias = mask_to_bias(mask, dtype_kwargs(c)["dtype"])
         return self.encoder(tokens, positions, bias, enable_dropout=enable_dropout)
 
-    def decode(
+    def decoder_hidden_states(
         self,
         encoded: Array,
         encoder_input_tokens: Array,
@@ -260,9 +260,9 @@ class Bart(EncoderDecoderInterface):
         enable_dropout: bool = False,
         cache: CacheSlots | None = None,
     ) -> Array:
-        """encoded [b, s, embed], encoder tokens [b, s] (for the mask), decoder tokens [b, t]
+        """`decode`'s arguments -> the decoder's final hidden states [b, t, embed].
 
-        -> logits [b, t, vocab]. Decoding: see `EncoderDecoderInterface`; positions are cache slots.
+        Decoding: see `EncoderDecoderInterface`; positions are cache slots.
         """
         c, tokens = self.config, decoder_input_tokens
         check_token_inputs(
@@ -278,8 +278,10 @@ class Bart(EncoderDecoderInterface):
         dtype = dtype_kwargs(c)["dtype"]
         self_bias = mask_to_bias(self_mask, dtype)
         cross = cross_mask(tokens, encoder_input_tokens, decoder_segment_ids, encoder_segment_ids, c.pad_token_id)
-        hidden = self.decoder(
-            tokens, positions, self_bias, encoded, mask_to_bias(cross, dtype), enable_dropout, cache
-        )
-        logits = self.token_embedder.attend(hidden) + jnp.asarray(self.final_logits_bias, dtype)  # [b, t, vocab]
+        return self.decoder(tokens, positions, self_bias, encoded, mask_to_bias(cross, dtype), enable_dropout, cache)
+
+    def logits(self, hidden_states: Array) -> Array:
+        """The decoder's final hidden states [b, t, embed] -> logits float32 [b, t, vocab]."""
+        dtype = dtype_kwargs(self.config)["dtype"]
+        logits = self.token_embedder.attend(hidden_states) + jnp.asarray(self.final_logits_bias, dtype)
         return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES)

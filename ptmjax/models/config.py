@@ -10,6 +10,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from ptmjax.layers.attention import ATTENTION_KERNELS
 from ptmjax.layers.common import DTYPES
 from ptmjax.layers.layer_stack import LayerStackConfig
 from ptmjax.layers.mlp import ACTIVATIONS
@@ -23,6 +24,8 @@ class ModelConfig(LayerStackConfig):
     layer_norm_epsilon: of every norm.
     dtype: activation/compute dtype ('float32' or 'bfloat16'); param_dtype: storage dtype.
     remat_policy, scan_layers: how the layer stacks run (LayerStackConfig).
+    attention_kernel: 'einsum' (the reference), or 'xla' / 'cudnn' for `jax.nn.dot_product_attention`
+      with that implementation (ptmjax/layers/attention.py's ATTENTION_KERNELS).
 
     The activation is not among them: T5 names a tuple (`ffn_activations`,
     gated or not), the others one function (`activation`, see `check_activation`).
@@ -32,6 +35,7 @@ class ModelConfig(LayerStackConfig):
     layer_norm_epsilon: float = 1e-6
     dtype: str = "float32"
     param_dtype: str = "float32"
+    attention_kernel: str = "einsum"
 
     def check_model_config(self, *other_rates: str) -> None:
         """Dropout rates (dropout_rate and `other_rates`) in [0, 1), epsilon > 0, supported dtypes, stack options."""
@@ -42,6 +46,10 @@ class ModelConfig(LayerStackConfig):
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"{owner}.{name}={getattr(self, name)!r} is not supported; use one of {list(DTYPES)}.")
+        if self.attention_kernel not in ATTENTION_KERNELS:
+            raise ValueError(
+                f"{owner}.attention_kernel={self.attention_kernel!r} is unknown; use one of {list(ATTENTION_KERNELS)}."
+            )
         self.check_layer_stacks()
 
     @property

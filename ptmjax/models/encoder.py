@@ -189,7 +189,7 @@ class PostLNLayer(nn.Module):
         drop = nn.Dropout(c.dropout_rate)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-            name="attention", **dtype_kwargs(c),
+            attention_kernel=c.attention_kernel, name="attention", **dtype_kwargs(c),
         )(x, x, bias, enable_dropout)  # fmt: skip
         x = LayerNorm(c.layer_norm_epsilon, name="attention_layer_norm", **dtype_kwargs(c))(
             x + drop(h, deterministic=not enable_dropout)

@@ -95,7 +95,7 @@ class GPT2Block(nn.Module):
         h = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-            name="attention", **dtype_kwargs(c),
+            attention_kernel=c.attention_kernel, name="attention", **dtype_kwargs(c),
         )(h, h, bias, enable_dropout, cache)  # fmt: skip
         x = x + drop(h, deterministic=not enable_dropout)
         h = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)

@@ -53,7 +53,7 @@ class TwoStreamBlock(nn.Module):
         attention_norm = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))
         attention = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-            name="attention", **dtype_kwargs(c),
+            attention_kernel=c.attention_kernel, name="attention", **dtype_kwargs(c),
         )  # fmt: skip
         mlp_norm = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))
         mlp = MlpBlock(c.d_ff, (c.activation,), 0.0, use_bias=True, name="mlp", **dtype_kwargs(c))

@@ -107,9 +107,10 @@ class EncoderLayer(nn.Module):
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
-        h = MultiHeadAttention(c.num_heads, c.head_dim, c.dropout_rate, name="attention", **dtype_kwargs(c))(
-            h, h, bias, enable_dropout
-        )
+        h = MultiHeadAttention(
+            c.num_heads, c.head_dim, c.dropout_rate, attention_kernel=c.attention_kernel, name="attention",
+            **dtype_kwargs(c),
+        )(h, h, bias, enable_dropout)
         x = x + drop(h, deterministic=not enable_dropout)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
         h = _feed_forward(c, self.use_moe)(h, enable_dropout)
@@ -136,7 +137,10 @@ class DecoderLayer(nn.Module):
         """
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
-        attn = dict(num_heads=c.num_heads, head_dim=c.head_dim, dropout_rate=c.dropout_rate, **dtype_kwargs(c))
+        attn = dict(
+            num_heads=c.num_heads, head_dim=c.head_dim, dropout_rate=c.dropout_rate,
+            attention_kernel=c.attention_kernel, **dtype_kwargs(c),
+        )  # fmt: skip
         h = RMSNorm(c.layer_norm_epsilon, name="pre_self_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(name="self_attention", **attn)(h, h, self_bias, enable_dropout, cache)
         x = x + drop(h, deterministic=not enable_dropout)
@@ -194,14 +198,20 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Decoder token ids [b, t] and encoded [b, s, embed] -> float32 logits [b, t, vocab].
+    """Decoder token ids [b, t] and encoded [b, s, embed] -> final hidden states [b, t, embed] (`__call__`)
+    -> float32 logits [b, t, vocab] (`logits`).
 
-    Decoding (`cache`): the tokens fill cache slots cache.index, ... and attend
-    causally to the cache; their relative positions are their slots.
+    Decoding (`cache`): the tokens fill cache slots cache.index, ... and attend causally to the
+    cache; their relative positions are their slots.
     """
 
     config: T5Config
     shared_embedding: Embed
+
+    def setup(self) -> None:
+        c = self.config
+        if not c.tie_embeddings:
+            self.logits_dense = Dense((c.vocab_size,), ("embed", "vocab"), **dtype_kwargs(c))
 
     @nn.compact
     def __call__(
@@ -234,16 +244,20 @@ class Decoder(nn.Module):
             enable_dropout=enable_dropout,
         )  # fmt: skip
         x = RMSNorm(c.layer_norm_epsilon, name="decoder_norm", **dtype_kwargs(c))(x)
-        x = drop(x, deterministic=not enable_dropout)  # [b, t, embed]
+        return drop(x, deterministic=not enable_dropout)  # [b, t, embed]
+
+    def logits(self, hidden_states: Array) -> Array:
+        """Final hidden states [b, t, embed] -> logits float32 [b, t, vocab]."""
+        c = self.config
         if c.tie_embeddings:
-            logits = self.shared_embedding.attend(x * (c.d_model**-0.5))
+            logits = self.shared_embedding.attend(hidden_states * (c.d_model**-0.5))
         else:
-            logits = Dense((c.vocab_size,), ("embed", "vocab"), name="logits_dense", **dtype_kwargs(c))(x)
+            logits = self.logits_dense(hidden_states)
         return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES)  # [b, t, vocab]
 
 
 class EncoderDecoder(EncoderDecoderInterface):
-    """T5: `__call__` = `decode(encode(...))`, logits float32 [batch, target_len, vocab].
+    """T5: `__call__` = `logits(hidden_states(...))`, logits float32 [batch, target_len, vocab].
 
     Dropout draws from the 'dropout' rng collection when `enable_dropout=True`.
     Hidden states and attention probabilities are sown into 'intermediates'.
@@ -272,9 +286,9 @@ class EncoderDecoder(EncoderDecoderInterface):
         )  # fmt: skip
         return self.encoder(encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout)
 
-    def decode(
+    def decoder_hidden_states(
         self,
-        encoded: Array,
+        encoded: Array | None,
         encoder_input_tokens: Array,
         decoder_input_tokens: Array,
         encoder_segment_ids: Array | None = None,
@@ -283,10 +297,7 @@ class EncoderDecoder(EncoderDecoderInterface):
         enable_dropout: bool = False,
         cache: CacheSlots | None = None,
     ) -> Array:
-        """encoded [b, s, embed], encoder tokens [b, s] (for the mask), decoder tokens [b, t]
-
-        -> logits [b, t, vocab]. Decoding: see `EncoderDecoderInterface`.
-        """
+        """`decode`'s arguments -> the decoder's final hidden states [b, t, embed]."""
         check_token_inputs(
             "decoder_input_tokens", decoder_input_tokens,
             decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
@@ -295,3 +306,7 @@ class EncoderDecoder(EncoderDecoderInterface):
             encoded, encoder_input_tokens, decoder_input_tokens,
             encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout, cache,
         )  # fmt: skip
+
+    def logits(self, hidden_states: Array) -> Array:
+        """The decoder's final hidden states [b, t, embed] -> logits float32 [b, t, vocab]."""
+        return self.decoder.logits(hidden_states)

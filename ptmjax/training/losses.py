@@ -22,12 +22,17 @@ class LossConfig:
         that constant instead, as T5 did (e.g. 2048 * 114 = 233472).
       discriminator_weight: ELECTRA's weight of the replaced-token-detection
         loss against the generator's MLM loss (the paper's 50).
+      logits_chunk_size: None computes all logits at once; a number of positions computes the
+        output layer and the loss that many positions at a time, recomputing each chunk in the
+        backward pass, so float32 logits never exist for the whole batch (T5, BART, GPT-2;
+        ptmjax/training/chunked_logits.py).
     """
 
     z_loss: float = 1e-4
     label_smoothing: float = 0.0
     normalizing_factor: float | None = None
     discriminator_weight: float = 50.0
+    logits_chunk_size: int | None = None
 
     def __post_init__(self):
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -38,6 +43,8 @@ class LossConfig:
             raise ValueError(f"normalizing_factor must be positive, got {self.normalizing_factor}")
         if self.discriminator_weight < 0:
             raise ValueError(f"discriminator_weight must be >= 0, got {self.discriminator_weight}")
+        if self.logits_chunk_size is not None and self.logits_chunk_size <= 0:
+            raise ValueError(f"logits_chunk_size must be a positive number of positions, got {self.logits_chunk_size}")
 
 
 def token_cross_entropy(

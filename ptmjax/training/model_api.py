@@ -263,13 +263,22 @@ class ModelApi:
 
         Returns (summed token loss, per-batch loss including the sown aux losses, stats);
         see ptmjax/training/steps.py for how the train step combines them.
+        With `loss_config.logits_chunk_size` the module gives its final hidden states and the
+        logits are made a chunk of positions at a time (ptmjax/training/chunked_logits.py).
         """
         train = dropout_rng is not None
+        chunked = loss_config.logits_chunk_size is not None
+        if chunked:
+            self.check_chunkable()
         outputs, variables = self.module.apply(
             {"params": params}, **self.model_inputs(batch), enable_dropout=train,
-            rngs=self.rngs(dropout_rng, train), mutable=["losses"],
+            rngs=self.rngs(dropout_rng, train), mutable=["losses"], method="hidden_states" if chunked else None,
         )  # fmt: skip
-        terms = self.family.loss(outputs, batch, loss_config)
+        if chunked:
+            logits_fn = functools.partial(self.module.apply, {"params": params}, method="logits")
+            terms = model_losses.chunked_sequence_to_sequence_loss(logits_fn, outputs, batch, loss_config)
+        else:
+            terms = self.family.loss(outputs, batch, loss_config)
         sown = jax.tree.leaves(variables.get("losses", {}))
         aux = sum((jnp.sum(x.astype(jnp.float32)) for x in sown), jnp.zeros((), jnp.float32))
         stats = terms.stats
@@ -277,6 +286,15 @@ class ModelApi:
             tokens = stats.counts["token_loss"]
             stats = stats.merge(Stats.of(moe_aux_loss=(aux * tokens, tokens)))
         return terms.token_loss, terms.batch_loss + aux, stats
+
+    def check_chunkable(self) -> None:
+        """Raise unless the module is a language model with `hidden_states` and `logits` methods (T5, BART, GPT-2)."""
+        methods = all(callable(getattr(self.module, name, None)) for name in ("hidden_states", "logits"))
+        if self.family.loss is not model_losses.sequence_to_sequence_loss or not methods:
+            raise ValueError(
+                f"LossConfig.logits_chunk_size needs T5, BART or GPT-2, got {type(self.module).__name__}; "
+                "set LossConfig.logits_chunk_size = None for this model"
+            )
 
     def score(self, params: Any, batch: Batch) -> Array:
         """float32 [b]: each row's log-likelihood of its targets, `sum_t w_t log p(y_t | ...)`.

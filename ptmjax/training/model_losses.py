@@ -27,13 +27,14 @@ evaluation batch) count for nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
+from ptmjax.training.chunked_logits import chunked_token_cross_entropy
 from ptmjax.training.losses import LossConfig, token_cross_entropy
 
 Array = jax.Array
@@ -89,9 +90,17 @@ def loss_terms(
     """Token cross-entropy of logits [b, t, V] against targets [b, t] under weights [b, t],
     with an optional per-batch loss and further (sum, count) metrics.
     """
-    weights = weights.astype(jnp.float32)
     loss, z = token_cross_entropy(logits, targets, loss_config.z_loss, loss_config.label_smoothing)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    return weighted_terms(loss, z, correct, weights, batch_loss, **extra_stats)
+
+
+def weighted_terms(
+    loss: Array, z: Array, correct: Array, weights: Array, batch_loss: Array | None = None,
+    **extra_stats: tuple[Array, Array],
+) -> LossTerms:  # fmt: skip
+    """Per-token loss, z-loss term and argmax hits [b, t] summed under weights [b, t] (see `loss_terms`)."""
+    weights = weights.astype(jnp.float32)
     token_loss, tokens = jnp.sum(loss * weights), jnp.sum(weights)
     if batch_loss is not None:
         extra_stats["batch_loss"] = (batch_loss, 1.0)
@@ -110,6 +119,18 @@ def real_rows(tokens: Array) -> Array:
 def sequence_to_sequence_loss(logits: Array, batch: Batch, loss_config: LossConfig) -> LossTerms:
     """Decoder logits against 'decoder_target_tokens' under 'decoder_loss_weights' (T5, BART, GPT-2)."""
     return loss_terms(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"], loss_config)
+
+
+def chunked_sequence_to_sequence_loss(
+    logits_fn: Callable[[Array], Array], hidden: Array, batch: Batch, loss_config: LossConfig
+) -> LossTerms:
+    """`sequence_to_sequence_loss(logits_fn(hidden), ...)` with the logits made
+    `loss_config.logits_chunk_size` positions at a time (ptmjax/training/chunked_logits.py)."""
+    terms = chunked_token_cross_entropy(
+        logits_fn, hidden, batch["decoder_target_tokens"], loss_config.logits_chunk_size, loss_config.z_loss,
+        loss_config.label_smoothing,
+    )  # fmt: skip
+    return weighted_terms(*terms, batch["decoder_loss_weights"])
 
 
 def masked_lm_loss(outputs: Any, batch: Batch, loss_config: LossConfig) -> LossTerms:

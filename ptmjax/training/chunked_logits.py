@@ -1,0 +1,53 @@
+"""The output layer and the token loss a chunk of positions at a time, so float32 logits never exist
+for the whole batch.
+
+The final hidden states [b, t, embed] are cut along the length into chunks of `chunk_size`
+positions (every row of the batch in each chunk, so the batch keeps its sharding); `jax.lax.map`
+runs the output layer and `token_cross_entropy` on one chunk at a time under `jax.checkpoint`, so
+the backward pass also recomputes one chunk's logits at a time instead of keeping them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from ptmjax.training.losses import token_cross_entropy
+
+Array = jax.Array
+
+
+def chunked_token_cross_entropy(
+    logits_fn: Callable[[Array], Array], hidden: Array, targets: Array, chunk_size: int, z_loss: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> tuple[Array, Array, Array]:  # fmt: skip
+    """`token_cross_entropy(logits_fn(hidden), targets, ...)` and the argmax hits, chunk by chunk.
+
+    Args:
+      logits_fn: hidden [b, c, embed] -> logits [b, c, vocab] (the model's output layer).
+      hidden: [b, t, embed] final hidden states; targets: [b, t] ids.
+      chunk_size: positions per chunk; the length is padded up to a multiple of it.
+    Returns:
+      (loss, z, correct), each float32 [b, t]: as `token_cross_entropy`, and 1.0 where the
+      target is the argmax of its logits.
+    """
+    batch, length = targets.shape
+    chunks = -(-length // chunk_size)
+    pad = chunks * chunk_size - length
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+
+    @jax.checkpoint
+    def chunk_terms(chunk: tuple[Array, Array]) -> tuple[Array, Array, Array]:
+        chunk_hidden, chunk_targets = chunk
+        logits = logits_fn(chunk_hidden)
+        loss, z = token_cross_entropy(logits, chunk_targets, z_loss, label_smoothing)
+        return loss, z, (jnp.argmax(logits, axis=-1) == chunk_targets).astype(jnp.float32)
+
+    def by_chunk(x: Array) -> Array:  # [b, chunks * c, ...] -> [chunks, b, c, ...]
+        return jnp.swapaxes(x.reshape(batch, chunks, chunk_size, *x.shape[2:]), 0, 1)
+
+    terms = jax.lax.map(chunk_terms, (by_chunk(hidden), by_chunk(targets)))
+    return tuple(jnp.swapaxes(x, 0, 1).reshape(batch, -1)[:, :length] for x in terms)
