@@ -49,6 +49,7 @@ def gin_run():
     gin.clear_config()
 
 
+@pytest.mark.slow  # a full gin training run (about 50 s); the mixture's sampling is tested above
 def test_gin_run_trains_the_tiny_t5_on_the_mixture(gin_run, tmp_path):
     result = train(str(tmp_path / "run"))
     with open(result.files["metrics"]) as f:

@@ -18,6 +18,7 @@ import time
 import gin
 import jax
 import numpy as np
+import pytest
 
 from ptmjax import gin_files, partitioning
 from ptmjax.data import pipeline
@@ -108,6 +109,7 @@ def single_process_reference(num_steps):
     return losses, float(total.metrics()["loss"]), rows
 
 
+@pytest.mark.slow  # two processes, about 90 s; run with -m slow before changing multihost.py or the loop
 def test_two_hosts_stop_together_resume_and_equal_one_process(tmp_path):
     model_dir = str(tmp_path / "run")
     hosts = start_hosts(model_dir, num_steps=100000)
