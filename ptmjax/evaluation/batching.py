@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 from flax import linen as nn
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, Sharding
+from jax.sharding import Mesh, NamedSharding, Sharding
 
 from ptmjax import partitioning
 from ptmjax.inference.batching import padded
@@ -28,6 +28,18 @@ class Batch(NamedTuple):
     indices: np.ndarray
     features: dict[str, np.ndarray]
     count: int
+
+
+def check_arguments(mesh: Mesh, batch_size: int, max_examples: int | None) -> None:
+    """An evaluation's batch must split over the mesh's data axes; max_examples is positive or None."""
+    ways = partitioning.data_parallel_size(mesh)
+    if batch_size < 1 or batch_size % ways:
+        raise ValueError(
+            f"evaluation batch_size={batch_size} does not split over the {ways} data-parallel devices of mesh "
+            f"{dict(mesh.shape)}; pick a multiple of {ways}"
+        )
+    if max_examples is not None and max_examples < 1:
+        raise ValueError(f"max_examples={max_examples} must be a positive number of examples, or None for all")
 
 
 def padded_batches(dataset: tf.data.Dataset, batch_size: int) -> Iterator[Batch]:

@@ -61,14 +61,7 @@ class InferenceEvaluator:
         if split not in provider.splits:
             known = ", ".join(provider.splits)
             raise ValueError(f"unknown split {split!r} of {mixture_or_task_name!r}; known: {known}")
-        ways = partitioning.data_parallel_size(mesh)
-        if batch_size < 1 or batch_size % ways:
-            raise ValueError(
-                f"evaluation batch_size={batch_size} does not split over the {ways} data-parallel devices of mesh "
-                f"{dict(mesh.shape)}; pick a multiple of {ways}"
-            )
-        if max_examples is not None and max_examples < 1:
-            raise ValueError(f"max_examples={max_examples} must be a positive number of examples, or None for all")
+        batching.check_arguments(mesh, batch_size, max_examples)
         self._seqio = seqio.Evaluator(
             mixture_or_task_name, api.family.feature_converter(pack=False), eval_split=split,
             sequence_length=None if task_feature_lengths is None else dict(task_feature_lengths),

@@ -50,10 +50,7 @@ class HeadEvaluator:
                 f"no task of {mixture_or_task_name!r} has a {split!r} split and metric functions; "
                 "evaluate a task registered with metric_fns"
             )
-        ways = partitioning.data_parallel_size(mesh)
-        if batch_size < 1 or batch_size % ways:
-            raise ValueError(f"evaluation batch_size={batch_size} does not split over the {ways} data-parallel "
-                             f"devices of mesh {dict(mesh.shape)}; pick a multiple of {ways}")  # fmt: skip
+        batching.check_arguments(mesh, batch_size, max_examples)
         self._api, self._batch_size = api, batch_size
         self._examples, self._rows = {}, {}
         converter = api.family.feature_converter(pack=False)
@@ -67,9 +64,8 @@ class HeadEvaluator:
             self._rows[task.name] = converter(dataset, dict(lengths)).enumerate()
         with jax.set_mesh(mesh):
             self._param_shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, rules)
-        self._predict = batching.jit_on_rows(api.head_predictions, self._param_shardings,
-                                             partitioning.batch_sharding(mesh), rules)  # fmt: skip
         self._row_sharding = partitioning.batch_sharding(mesh)
+        self._predict = batching.jit_on_rows(api.head_predictions, self._param_shardings, self._row_sharding, rules)
 
     @property
     def task_names(self) -> list[str]:
