@@ -9,6 +9,13 @@ two items: `state` (the sharded TrainState, written with TensorStore) and
 resumed run reads exactly the batches it would have read. Restoring takes
 the target shardings, so a checkpoint saved on one mesh restores onto any
 other (Orbax reshards on read).
+
+A restore that fails (a damaged file, a model of other shapes) abandons
+the reads still in flight: TensorStore's threads later report "Event loop
+is closed" to Orbax's finished event loop, and Orbax's read coroutines
+raise when they are collected, dozens of tracebacks after the real error.
+From the first failed restore on, those reports (and only they) are dropped
+from `sys.unraisablehook`.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import gin
@@ -124,12 +132,13 @@ class Checkpointer:
         target = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings
         )
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()
-            ),
-        )
+        with _quiet_after_failure():
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()
+                ),
+            )
         return restored["state"], dict(restored["data"])
 
     def read_back(self, step: int) -> dict[str, Any]:
@@ -138,12 +147,13 @@ class Checkpointer:
         try:
             metadata = saved_state_metadata(os.path.join(self.directory, str(step), "state"))
             as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
-            return self._manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.PyTreeRestore(restore_args=as_numpy), data=ocp.args.JsonRestore()
-                ),
-            )
+            with _quiet_after_failure():
+                return self._manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.PyTreeRestore(restore_args=as_numpy), data=ocp.args.JsonRestore()
+                    ),
+                )
         finally:
             self.close()
 
@@ -173,14 +183,15 @@ class Checkpointer:
                 lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_params, shardings
             )
         item = {"params": target}
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.PyTreeRestore(
-                    item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True
-                )
-            ),
-        )
+        with _quiet_after_failure():
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.PyTreeRestore(
+                        item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True
+                    )
+                ),
+            )
         return restored["state"]["params"]
 
     def wait(self) -> None:
@@ -219,6 +230,35 @@ class Checkpointer:
             return []
         with open(path) as f:
             return [int(step) for step in json.load(f)]
+
+
+CLOSED_LOOP_REPORTS = ("Event loop is closed", "cannot schedule new futures after shutdown")
+
+
+@contextlib.contextmanager
+def _quiet_after_failure() -> Iterator[None]:
+    """Drops the reports of the reads a failed restore abandoned, from the first failed restore on (see the
+    module docstring); other unraisable exceptions still reach the hook that was there."""
+    try:
+        yield
+    except Exception:
+        if not isinstance(sys.unraisablehook, _DroppingAbandonedReads):
+            sys.unraisablehook = _DroppingAbandonedReads(sys.unraisablehook)
+        raise
+
+
+class _DroppingAbandonedReads:
+    """An unraisable hook that drops reports of abandoned restore reads and passes the rest to `previous`."""
+
+    def __init__(self, previous: Callable[[Any], object]):
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        error, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
+        closed_loop = isinstance(error, RuntimeError) and str(error) in CLOSED_LOOP_REPORTS
+        collected_read = code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+        if not (closed_loop or collected_read and isinstance(error.__cause__, GeneratorExit)):
+            self.previous(unraisable)
 
 
 def saved_state_metadata(state_dir: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """A damaged newest checkpoint is set aside and the run resumes from the previous good one; the checkpointer
-shuts down cleanly on every way out (no "Event loop is closed" from Orbax's threads, made an error here)."""
+shuts down cleanly on every way out (no "Event loop is closed" from Orbax's threads, made an error here), and
+the TensorStore reads a failed restore leaves in flight report nothing (ptmjax.training.checkpoints drops them)."""
 
 import dataclasses
 import glob
