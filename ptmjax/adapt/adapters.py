@@ -1,15 +1,15 @@
 """Bottleneck adapters: Houlsby et al. (2019) after both sublayers of a layer, Pfeiffer et al. (2021) after the FFN.
 
 `adapters(model, placement, bottleneck, activation)` returns the model adapted
-by interception (`ptmjax.adapt.interception`), so every family (T5, GPT-2,
-the BERT family), scanned or not, and decoding get adapters with no model code
-changed. An adapter maps a sublayer's output h [b, l, embed] to
+by interception (`ptmjax.adapt.interception`), so every family (T5, BART,
+GPT-2, the BERT family), scanned or not, and decoding get adapters with no
+model code changed. An adapter maps a sublayer's output h [b, l, embed] to
 `h + up(act(down(h)))` before the layer's residual add (and T5's and GPT-2's
 residual dropout):
 
 - 'houlsby': after every self-attention (its output projection) and every
-  feed-forward block (dense or MoE). Cross-attention (T5's decoder) gets none,
-  as AdapterHub's default.
+  feed-forward block (dense or MoE). Cross-attention (T5's and BART's
+  decoders) gets none, as AdapterHub's default.
 - 'pfeiffer': after every feed-forward block only.
 
 Parameters live in the adapted module's scope: `adapter_down` [embed,
@@ -91,7 +91,7 @@ class _Call:
         if model.is_initializing() and not self.adapted:
             raise ValueError(
                 f"adapters found no attention or feed-forward block in {type(model).__name__}; they adapt models "
-                "built from ptmjax.layers (T5, GPT-2, the BERT family)."
+                "built from ptmjax.layers (T5, BART, GPT-2, the BERT family)."
             )
 
 

@@ -1,10 +1,10 @@
 """Prefix tuning (Li and Liang, 2021): trainable keys and values of n virtual tokens before every self-attention's.
 
 `prefix_tuning(model, length, hidden)` returns the model adapted by
-interception (`ptmjax.adapt.interception`). Each layer stack (T5's encoder and
-decoder, GPT-2's and the BERT family's layers) gets its prefixes
-[layers, 2 (key, value), heads, n, head_dim] when its module's entry method
-(`family_entries.ENTRIES`) is called, before any layer (so rematerialised
+interception (`ptmjax.adapt.interception`). Each layer stack (T5's and BART's
+encoder and decoder, GPT-2's and the BERT family's layers) gets its prefixes
+[layers, 2 (key, value), heads, n, head_dim] when its module's stack method
+(`family_entries.STACKS`) is called, before any layer (so rematerialised
 layers read them too), created in the stack module's scope:
 
 - `hidden` set (training, as the paper): an embedding `prefix_embedding`
@@ -16,12 +16,12 @@ layers read them too), created in the stack module's scope:
 
 Every self-attention (`MultiHeadAttention.attended`, the hook in
 ptmjax/layers/attention.py) then attends to its layer's n prefix keys and
-values before its own; T5's cross-attention is left alone (the paper
-prefixes the encoder and the decoder, not the encoder output). The prefix is
-visible to every query (padding and causality mask only real keys) and gets
-zero attention bias: no relative position bias in T5 either, as it has no
-position. Decoding: the hook sees the whole key/value cache, so the prefix
-sits before the cache and cached steps need no change. ALBERT's shared layers
+values before its own; T5's and BART's cross-attention is left alone (the
+paper prefixes the encoder and the decoder, not the encoder output). The
+prefix is visible to every query (padding and causality mask only real keys)
+and gets zero attention bias: no relative position bias in T5 either, as it
+has no position. Decoding: the hook sees the whole key/value cache, so the
+prefix sits before the cache and cached steps need no change. ALBERT's shared layers
 share their prefixes (one per parameter set). Scanned layers are refused.
 `PREFIX_PARAMS` matches the prefix parameters.
 """
@@ -36,7 +36,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.adapt.family_entries import entry_of
+from ptmjax.adapt.family_entries import runs_stack
 from ptmjax.adapt.interception import adapted
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.common import dtype_kwargs
@@ -75,7 +75,7 @@ class _Call:
 
     def intercept(self, next_fun: Callable[..., Any], args: tuple, kwargs: dict, context: Any) -> Any:
         module = context.module
-        if entry_of(module, context.method_name) is not None and module.scope.path not in self.prefixes:
+        if runs_stack(module, context.method_name) and module.scope.path not in self.prefixes:
             if module.config.scan_layers:
                 raise ValueError(
                     f"prefix tuning needs unscanned layers (each its own prefix); set {type(module.config).__name__}"
@@ -88,8 +88,8 @@ class _Call:
         *stack_path, layer, _ = module.scope.path
         if tuple(stack_path) not in self.prefixes:
             raise ValueError(
-                f"prefix tuning knows no layer stack at {'/'.join(stack_path)!r}; it adapts T5, GPT-2 and the BERT "
-                "family (ptmjax.adapt.family_entries)."
+                f"prefix tuning knows no layer stack at {'/'.join(stack_path)!r}; it adapts T5, BART, GPT-2 and the "
+                "BERT family (ptmjax.adapt.family_entries)."
             )
         prefix = self.prefixes[tuple(stack_path)][int(layer.removeprefix("layers_"))]  # [2, heads, n, head_dim]
         return with_prefix(*out, prefix)
@@ -97,8 +97,8 @@ class _Call:
     def finish(self, model: nn.Module) -> None:
         if model.is_initializing() and not self.prefixes:
             raise ValueError(
-                f"prefix tuning found no layer stack in {type(model).__name__}; it adapts T5, GPT-2 and the BERT "
-                "family."
+                f"prefix tuning found no layer stack in {type(model).__name__}; it adapts T5, BART, GPT-2 and the "
+                "BERT family."
             )
 
 

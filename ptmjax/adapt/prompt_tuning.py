@@ -14,6 +14,9 @@ types are 0, explicit positions become 0..n-1 then the given ones + n.
   output keeps the n prompt positions (the decoder attends to them, as in
   Lester); the decoder's view of the encoder ids (its cross mask) grows by
   the same n, so `encode` + `decode` and decoding's cached steps work.
+- BART / mBART: as T5, `encoder/soft_prompt` [n, d_model]; the prompt gets
+  positions 0..n-1 and goes through the embedding scale and LayerNorm like
+  the tokens after it.
 - BERT family: before everything, [CLS] included (as Hugging Face PEFT),
   `soft_prompt` [n, embed_dim] in place of token embeddings, so the position
   and token type embeddings and the LayerNorm apply to it too; `encode` drops
@@ -45,7 +48,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.adapt.family_entries import Entry, entry_of
+from ptmjax.adapt.family_entries import Entry, entry_of, runs_stack
 from ptmjax.adapt.interception import adapted
 from ptmjax.layers.embed import Embed
 from ptmjax.models.config import check_positive_ints
@@ -105,6 +108,7 @@ class PromptCall:
     """A prompt model call in progress: lengthens the ids at each entry and swaps in the prompt's embeddings."""
 
     settings: PromptSettings
+    embedder: Embed | None = None  # the entry's token embedder, until a stack method creates the prompt
     pending: Array | None = None  # the prompt, until the entry's token embedding takes it
     entered: int = 0
 
@@ -118,6 +122,7 @@ class PromptCall:
             return jnp.concatenate([rows, out[:, prompt.shape[0] :]], axis=1)
         entry = entry_of(module, context.method_name)
         if entry is None:
+            self._create_prompt_in(module, context.method_name)
             return next_fun(*args, **kwargs)
         self.entered += 1
         arguments = inspect.signature(getattr(type(module), context.method_name)).bind(module, *args, **kwargs)
@@ -126,20 +131,27 @@ class PromptCall:
         if entry.embedder is not None and arguments.get("cache") is not None:
             raise ValueError(
                 f"{self.settings.title} has no cached decoding for {type(module).__name__} (the prompt cannot fill the "
-                "cache once before the first step); decode with prefix tuning, or prompt-tune T5."
+                "cache once before the first step); decode with prefix tuning, or prompt-tune T5 or BART."
             )
         n = self.settings.length
         arguments.update(_grown(arguments, entry, n, entry.pad_id(module)))
         if entry.embedder is not None:
-            self.pending = self.settings.prompt(module, entry.embedder(module))
+            self.embedder = entry.embedder(module)
+        self._create_prompt_in(module, context.method_name)
         out = next_fun(**arguments)
         return out[:, n:] if entry.drops_prompt else out
+
+    def _create_prompt_in(self, module: nn.Module, method: str) -> None:
+        """Creates the awaited prompt in the scope of `module.method` if that runs a layer stack (a compact method:
+        BART's entry, `encode`, is not, so its prompt lives in its encoder stack's scope, as T5's)."""
+        if self.embedder is not None and runs_stack(module, method):
+            self.pending, self.embedder = self.settings.prompt(module, self.embedder), None
 
     def finish(self, model: nn.Module) -> None:
         if model.is_initializing() and not self.entered:
             raise ValueError(
-                f"{self.settings.title} found no token input in {type(model).__name__}; it adapts T5, GPT-2 and the "
-                "BERT family."
+                f"{self.settings.title} found no token input in {type(model).__name__}; it adapts T5, BART, GPT-2 and "
+                "the BERT family."
             )
 
 

@@ -28,10 +28,10 @@ BASE_MODELS = {"t5": EncoderDecoder(T5_TINY), "gpt2": GPT2(GPT2_TINY)}
 
 
 def batch(name: str, rows: int = 2, length: int = 6, seed: int = 0) -> dict[str, jnp.ndarray]:
-    """Random token rows with the model's family fields, loss weights all 1 (the last decoder-only row padded)."""
+    """Random token rows with the model's family fields (T5's for BART too), loss weights all 1."""
     rng = np.random.default_rng(seed)
     tokens = lambda: jnp.asarray(rng.integers(2, VOCAB, (rows, length)), jnp.int32)  # noqa: E731
-    if name == "t5":
+    if name in ("t5", "bart"):
         targets = tokens()
         return {
             "encoder_input_tokens": tokens(), "decoder_input_tokens": jnp.pad(targets[:, :-1], ((0, 0), (1, 0))),

@@ -1,5 +1,6 @@
-"""Helpers for the adapter, prompt and prefix tests: a tiny BERT beside lora_test_models' T5 and GPT-2, outputs of
-any of them, parameter trees with a method's leaves redrawn or dropped, and an uncached greedy reference."""
+"""Helpers for the adapter, prompt and prefix tests: a tiny BERT and BART beside lora_test_models' T5 and GPT-2,
+outputs of any of them, parameter trees with a method's leaves redrawn or dropped, and an uncached greedy
+reference."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 from lora_test_models import BASE_MODELS, VOCAB, batch
 
 from ptmjax.models import Bert, BertConfig
+from ptmjax.models.bart import Bart, BartConfig
 from ptmjax.training.model_api import model_api
 from ptmjax.tree_paths import path_name
 
@@ -19,11 +21,17 @@ BERT_TINY = Bert(BertConfig(
     vocab_size=VOCAB, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=32, dropout_rate=0.0,
     attention_dropout_rate=0.0,
 ))  # fmt: skip
-MODELS = {**BASE_MODELS, "bert": BERT_TINY}
+BART_TINY = Bart(BartConfig(
+    vocab_size=VOCAB, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64, max_length=32,
+    dropout_rate=0.0,
+))  # fmt: skip
+MODELS = {**BASE_MODELS, "bert": BERT_TINY, "bart": BART_TINY}
+ENCODER_DECODERS = ("t5", "bart")
 
 
 def outputs(model: nn.Module, params: dict, name: str, **overrides: jax.Array) -> np.ndarray:
-    """T5 and GPT-2: logits of `batch(name)` (fields replaced by `overrides`); BERT: the encoder's hidden states."""
+    """T5, BART and GPT-2: logits of `batch(name)` (fields replaced by `overrides`); BERT: the encoder's hidden
+    states."""
     if name == "bert":
         tokens = overrides.get("input_tokens", token_inputs("bert"))
         return np.asarray(model.apply({"params": params}, tokens, method="encode"))
@@ -33,7 +41,7 @@ def outputs(model: nn.Module, params: dict, name: str, **overrides: jax.Array) -
 
 def input_field(name: str) -> str:
     """The token input a prompt goes in front of."""
-    return {"t5": "encoder_input_tokens", "gpt2": "decoder_input_tokens", "bert": "input_tokens"}[name]
+    return {"gpt2": "decoder_input_tokens", "bert": "input_tokens"}.get(name, "encoder_input_tokens")
 
 
 def token_inputs(name: str) -> jax.Array:
@@ -69,7 +77,7 @@ def uncached_greedy(model: nn.Module, params: dict, name: str, prompts: np.ndarr
     rows = prompts.shape[0]
     generated = np.zeros((rows, 0), np.int32)
     for _ in range(steps):
-        if name == "t5":
+        if name in ENCODER_DECODERS:
             decoder_inputs = np.concatenate([np.zeros((rows, 1), np.int32), generated], axis=1)
             logits = model.apply({"params": params}, prompts, decoder_inputs)
         else:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from lora_test_models import init_params
-from peft_test_models import MODELS, redrawn, uncached_greedy, without
+from peft_test_models import ENCODER_DECODERS, MODELS, redrawn, uncached_greedy, without
 
 from ptmjax.adapt.adapters import ADAPTER_PARAMS, adapters
 from ptmjax.adapt.p_tuning import p_tuning
@@ -29,14 +29,15 @@ METHODS = {
 
 
 def greedy(model, params, name: str, prompts: np.ndarray) -> np.ndarray:
-    batch = {"encoder_input_tokens" if name == "t5" else "decoder_input_tokens": prompts}
+    batch = {"encoder_input_tokens" if name in ENCODER_DECODERS else "decoder_input_tokens": prompts}
     config = DecodeConfig(max_decode_length=STEPS)
     out = jax.jit(model_api(model).predict, static_argnums=(2, 3))(params, batch, config, IDS)
     return np.asarray(out.tokens[:, 0])
 
 
 @pytest.mark.parametrize(("method", "name"), [
-    ("adapters", "t5"), ("adapters", "gpt2"), ("p_tuning", "t5"), ("prefix", "t5"), ("prefix", "gpt2"),
+    ("adapters", "t5"), ("adapters", "gpt2"), ("adapters", "bart"), ("p_tuning", "t5"), ("prefix", "t5"),
+    ("prefix", "gpt2"), ("prefix", "bart"),
 ])  # fmt: skip
 def test_greedy_decoding_equals_the_uncached_loop(method, name):
     make, pattern = METHODS[method]
@@ -47,13 +48,16 @@ def test_greedy_decoding_equals_the_uncached_loop(method, name):
     np.testing.assert_array_equal(got, uncached_greedy(model, params, name, PROMPTS, STEPS, IDS.eos_token_id))
 
 
-def test_greedy_decoding_of_a_prompt_tuned_t5_equals_the_base_model_with_the_prompts_tokens_in_front():
+@pytest.mark.parametrize("name", ENCODER_DECODERS)
+def test_greedy_decoding_of_a_prompt_tuned_encoder_decoder_equals_the_base_model_with_the_prompts_tokens_in_front(
+    name,
+):
     prompt_ids = np.array([20, 21, 22], np.int32)
-    model = prompt_tuning(MODELS["t5"], length=3)
+    model = prompt_tuning(MODELS[name], length=3)
     params = init_params(model)
     params["encoder"]["soft_prompt"] = params["token_embedder"]["embedding"][prompt_ids]
     prepended = np.concatenate([np.broadcast_to(prompt_ids, (len(PROMPTS), 3)), PROMPTS], axis=1)
-    want = greedy(MODELS["t5"], without(params, PROMPT_PARAMS), "t5", prepended)
-    np.testing.assert_array_equal(greedy(model, params, "t5", PROMPTS), want)
-    assert not np.array_equal(want, greedy(MODELS["t5"], without(params, PROMPT_PARAMS), "t5", PROMPTS))
+    want = greedy(MODELS[name], without(params, PROMPT_PARAMS), name, prepended)
+    np.testing.assert_array_equal(greedy(model, params, name, PROMPTS), want)
+    assert not np.array_equal(want, greedy(MODELS[name], without(params, PROMPT_PARAMS), name, PROMPTS))
     assert jnp.shape(want) == (len(PROMPTS), STEPS)

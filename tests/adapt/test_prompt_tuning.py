@@ -1,4 +1,4 @@
-"""Prompt tuning and P-tuning on tiny T5, GPT-2 and BERT: a prompt set to the embeddings of real tokens computes
+"""Prompt tuning and P-tuning on tiny T5, BART, GPT-2 and BERT: a prompt set to the embeddings of real tokens computes
 what the base model computes on those tokens prepended; P-tuning's prompt encoder against float64 numpy; the
 initialisations; scanned layers; refusals."""
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from lora_test_models import init_params
-from peft_test_models import MODELS, input_field, outputs, redrawn, token_inputs, without
+from peft_test_models import ENCODER_DECODERS, MODELS, input_field, outputs, redrawn, token_inputs, without
 
 from ptmjax.adapt.p_tuning import p_tuning
 from ptmjax.adapt.prompt_tuning import PROMPT_PARAMS, prompt_tuning
@@ -23,8 +23,8 @@ PROMPT_IDS = np.array([7, 8, 9], np.int32)
 
 
 def prompt_scope(params: dict, name: str) -> dict:
-    """The parameter dict that holds the prompt: T5's encoder, else the top level."""
-    return params["encoder"] if name == "t5" else params
+    """The parameter dict that holds the prompt: the encoder of T5 and BART, else the top level."""
+    return params["encoder"] if name in ENCODER_DECODERS else params
 
 
 def token_table(params: dict, name: str) -> jax.Array:
@@ -37,7 +37,7 @@ def prepended(name: str) -> dict[str, jax.Array]:
     return {input_field(name): jnp.concatenate([jnp.broadcast_to(PROMPT_IDS, (len(tokens), 3)), tokens], axis=1)}
 
 
-@pytest.mark.parametrize("name", ["t5", "gpt2", "bert"])
+@pytest.mark.parametrize("name", ["t5", "bart", "gpt2", "bert"])
 def test_a_prompt_of_token_embeddings_computes_the_base_model_on_those_tokens_prepended(name):
     model = prompt_tuning(MODELS[name], length=len(PROMPT_IDS))
     params = init_params(model)
@@ -45,7 +45,7 @@ def test_a_prompt_of_token_embeddings_computes_the_base_model_on_those_tokens_pr
     prompt_scope(params, name)["soft_prompt"] = token_table(params, name)[PROMPT_IDS]
     got = outputs(model, params, name)
     want = outputs(MODELS[name], without(params, PROMPT_PARAMS), name, **prepended(name))
-    if name != "t5":  # GPT-2 and the encoder drop the prompt's outputs: logits still align with the targets
+    if name not in ENCODER_DECODERS:  # GPT-2 and the encoder drop the prompt's outputs: logits align with targets
         want = want[:, 3:]
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
