@@ -32,8 +32,8 @@ import numpy as np
 import tensorflow as tf
 from flax import linen as nn
 
-from ptmjax.evaluation import rank_classification as evaluation
 from ptmjax.data import downstream_tasks, objective_tasks, pipeline, tasks
+from ptmjax.evaluation import rank_classification as evaluation
 from ptmjax.gin_files import parse_gin, read_model_config, resolve_gin_file
 from ptmjax.model_dir import ModelDir
 from ptmjax.training.loop import train

@@ -49,13 +49,15 @@ class InferenceEvaluator:
       task_feature_lengths: inputs and targets are cut to these lengths (None: the longest example's).
       max_examples: evaluate only the first this many examples of each task (None: all).
       show_progress: a progress bar per task and model function, in examples/s.
+      logits_chunk_size: score the targets' logits this many positions at a time (the training run's
+        `LossConfig.logits_chunk_size`), so a large vocabulary's logits never exist for a whole batch.
     """
 
     def __init__(
         self, api: ModelApi, mixture_or_task_name: str, mesh: Mesh, rules: partitioning.Rules,
         decode_config: DecodeConfig, ids: GenerationIds, batch_size: int, split: str = "validation",
         task_feature_lengths: Mapping[str, int] | None = None, max_examples: int | None = None,
-        show_progress: bool = False,
+        show_progress: bool = False, logits_chunk_size: int | None = None,
     ):  # fmt: skip
         provider = pipeline.get_task_or_mixture(mixture_or_task_name)
         if split not in provider.splits:
@@ -79,7 +81,8 @@ class InferenceEvaluator:
             self._param_shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, rules)
         self._rows = partitioning.batch_sharding(mesh)
         self._predict = jit_predict(api.predict, api.boxed_abstract_params, mesh, rules, decode_config, ids)
-        self._score = batching.jit_on_rows(api.score, self._param_shardings, self._rows, rules)
+        score = functools.partial(api.score, logits_chunk_size=logits_chunk_size)
+        self._score = batching.jit_on_rows(score, self._param_shardings, self._rows, rules)
 
     @property
     def task_names(self) -> list[str]:

@@ -116,10 +116,12 @@ def evaluator_for(
     api: ModelApi, mixture_or_task_name: str, mesh: Mesh, rules: partitioning.Rules, decode_config: DecodeConfig,
     ids: GenerationIds, batch_size: int, split: str = "validation",
     task_feature_lengths: Mapping[str, int] | None = None, max_examples: int | None = None, show_progress: bool = False,
+    logits_chunk_size: int | None = None,
 ) -> HeadEvaluator | InferenceEvaluator:  # fmt: skip
-    """The evaluator of `api`'s model: a HeadEvaluator for a task head, else an InferenceEvaluator."""
+    """The evaluator of `api`'s model: a HeadEvaluator for a task head, else an InferenceEvaluator (scoring
+    `logits_chunk_size` positions at a time if set)."""
     if api.family.head_predictions is not None:
         return HeadEvaluator(api, mixture_or_task_name, mesh, rules, batch_size, task_feature_lengths, split,
                              max_examples)  # fmt: skip
     return InferenceEvaluator(api, mixture_or_task_name, mesh, rules, decode_config, ids, batch_size, split,
-                              task_feature_lengths, max_examples, show_progress)  # fmt: skip
+                              task_feature_lengths, max_examples, show_progress, logits_chunk_size)  # fmt: skip

@@ -50,13 +50,15 @@ def evaluate_model_dir(
         raise ValueError(f"{path} exists; pass --overwrite to replace it, or --output to write elsewhere")
     pipeline.get_task_or_mixture(task)
     model, mesh_config = gin_files.read_model_config(folder)
-    lengths = gin_files.read_train_bindings(folder).get("task_feature_lengths")
+    bindings = gin_files.read_train_bindings(folder)
+    lengths, loss_config = bindings.get("task_feature_lengths"), bindings.get("loss_config")
     ids = gin_files.folder_generation_ids(folder)
     mesh = partitioning.make_mesh(mesh_config)
     api = model_api(model)
     evaluator = evaluator_for(
         api, task, mesh, mesh_config.rules, decode_config, ids, batch_size, split=split,
         task_feature_lengths=lengths, max_examples=max_examples, show_progress=show_progress,
+        logits_chunk_size=None if loss_config is None else loss_config.logits_chunk_size,
     )  # fmt: skip
     with jax.set_mesh(mesh):
         shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, mesh_config.rules)

@@ -210,7 +210,7 @@ def train(
             evaluator_for(
                 trainer.api, name, mesh, spec.mesh_config.rules, decode_config or DecodeConfig(),
                 _generation_ids(model, name, init_checkpoint), batch_size, task_feature_lengths=task_feature_lengths,
-                max_examples=inference_eval_examples,
+                max_examples=inference_eval_examples, logits_chunk_size=spec.loss_config.logits_chunk_size,
             )
             for name in inference_eval_tasks
         ]  # fmt: skip

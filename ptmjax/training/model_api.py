@@ -41,6 +41,7 @@ from ptmjax.models.encoder_tasks import (
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
 from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.training import model_losses
+from ptmjax.training.chunked_logits import chunked_token_cross_entropy
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.model_losses import Stats
 
@@ -296,22 +297,31 @@ class ModelApi:
                 "set LossConfig.logits_chunk_size = None for this model"
             )
 
-    def score(self, params: Any, batch: Batch) -> Array:
+    def score(self, params: Any, batch: Batch, logits_chunk_size: int | None = None) -> Array:
         """float32 [b]: each row's log-likelihood of its targets, `sum_t w_t log p(y_t | ...)`.
 
         The targets and weights are the family's (`Family.targets`, `Family.loss_weights`):
         the decoder targets of an encoder-decoder or decoder-only model, the
-        masked positions of an MLM (a pseudo-log-likelihood). No dropout.
+        masked positions of an MLM (a pseudo-log-likelihood). No dropout. With
+        `logits_chunk_size` (T5, BART, GPT-2) the logits are made that many
+        positions at a time, as the chunked loss makes them.
         """
         if self.family.targets is None:
             raise ValueError(
                 f"{type(self.module).__name__} is a fine-tuning head without target tokens to score; score with a "
                 "language model (T5, BART, GPT-2) or a masked-LM encoder"
             )
-        outputs = self.module.apply({"params": params}, **self.model_inputs(batch), rngs=self.rngs(None, False))
-        log_probs = jax.nn.log_softmax(self.family.target_logits(outputs).astype(jnp.float32), axis=-1)
         targets = batch[self.family.targets]
-        token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, t]
+        variables, inputs, rngs = {"params": params}, self.model_inputs(batch), self.rngs(None, False)
+        if logits_chunk_size is None:
+            outputs = self.module.apply(variables, **inputs, rngs=rngs)
+            log_probs = jax.nn.log_softmax(self.family.target_logits(outputs).astype(jnp.float32), axis=-1)
+            token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, t]
+        else:
+            self.check_chunkable()
+            hidden = self.module.apply(variables, **inputs, rngs=rngs, method="hidden_states")
+            logits_fn = functools.partial(self.module.apply, variables, method="logits")
+            token_log_probs = -chunked_token_cross_entropy(logits_fn, hidden, targets, logits_chunk_size)[0]
         return jnp.sum(token_log_probs * batch[self.family.loss_weights].astype(jnp.float32), axis=-1)
 
     def head_predictions(self, params: Any, batch: Batch) -> Array:

@@ -24,6 +24,7 @@ def test_the_smoke_setting_runs_every_method_and_counts_its_trainable_parameters
         assert full["trainable"] == full["total"]
         for method, row in rows.items():
             assert 0 <= row["score"] <= 100 and row["peak_rss_mib"] > 0, (task_name, method)
+            assert row["runs"] == {f"{row['learning_rate']:g}": row["score"]}  # one learning rate in this setting
             if method in ("linear probe (frozen backbone)", "BitFit"):
                 assert row["total"] == full["total"], method  # the others add their parameters
             if method != "full fine-tuning":

@@ -1,7 +1,7 @@
 """The evaluator against the model API run directly on hand-built rows, and the metric functions applied by hand.
 
-Here a decoder-only GPT-2 (prefix LM rows) with random weights; the encoder-decoder (a trained T5) is checked
-the same way in test_eval_in_training_and_cli.py.
+Here a decoder-only GPT-2 (prefix LM rows) with random weights, scoring 4 positions at a time against the plain
+`ModelApi.score`; the encoder-decoder (a trained T5) is checked the same way in test_eval_in_training_and_cli.py.
 """
 
 import eval_tasks
@@ -41,7 +41,7 @@ def test_mixture_predictions_metrics_and_scores_equal_the_model_api_by_hand():
     mesh_config = partitioning.MeshConfig()
     evaluator = InferenceEvaluator(
         api, eval_tasks.MIXTURE, partitioning.make_mesh(mesh_config), mesh_config.rules, DECODE, ids, batch_size=8,
-        task_feature_lengths=eval_tasks.LENGTHS,
+        task_feature_lengths=eval_tasks.LENGTHS, logits_chunk_size=4,
     )  # fmt: skip
     results = evaluator.evaluate(params, step=3)
 

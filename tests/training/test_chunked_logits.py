@@ -1,6 +1,6 @@
 """The chunked loss (LossConfig.logits_chunk_size) equals the plain loss, its metrics and its gradients:
 T5 tied and untied, BART (packed), GPT-2 (packed, prefix LM), with z-loss, label smoothing and dropout, and
-sharded on (data=2, fsdp=2, tensor=2) against the plain loss on one device."""
+sharded on (data=2, fsdp=2, tensor=2) against the plain loss on one device; chunked scoring equals plain scoring."""
 
 import dataclasses
 import functools
@@ -78,10 +78,24 @@ def test_chunked_loss_and_gradients_equal_the_plain_ones(model, chunk_size):
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=1e-6 * scale), got_grads, want_grads)
 
 
+@pytest.mark.parametrize("model", [EncoderDecoder(T5_UNTIED), Bart(BART), GPT2(GPT)], ids=["t5", "bart", "gpt2"])
+def test_chunked_scores_equal_the_plain_scores(model):
+    api = model_api(model)
+    params = jax.tree.map(lambda box: box.value, api.init(jax.random.key(0)), is_leaf=lambda x: hasattr(x, "value"))
+    batch = packed_batch(model)
+    want = jax.jit(api.score)(params, batch)
+    assert float(jnp.min(want)) < -1.0  # log-likelihoods of several tokens
+    for chunk_size in (1, 4):
+        got = jax.jit(functools.partial(api.score, logits_chunk_size=chunk_size))(params, batch)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_a_model_without_hidden_states_refuses_chunking():
     bert = Bert(BertConfig(vocab_size=VOCAB, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_length=16))
     with pytest.raises(ValueError, match="logits_chunk_size needs T5, BART or GPT-2, got Bert"):
         model_api(bert).loss({}, {}, LossConfig(logits_chunk_size=4))
+    with pytest.raises(ValueError, match="logits_chunk_size needs T5, BART or GPT-2, got Bert"):
+        model_api(bert).score({}, {"target_tokens": jnp.zeros((1, 2), jnp.int32)}, logits_chunk_size=4)
     with pytest.raises(ValueError, match="logits_chunk_size must be a positive number of positions, got 0"):
         LossConfig(logits_chunk_size=0)
 
