@@ -66,7 +66,8 @@ def random_batch(batch: int, inputs: int, targets: int) -> dict[str, np.ndarray]
     }
 
 
-def time_ptmjax(batch: dict[str, np.ndarray], steps: int) -> list[float]:
+def time_ptmjax(batch: dict[str, np.ndarray], steps: int) -> tuple[list[float], float]:
+    """Each step's seconds, and the loss of the last step."""
     mesh_config = partitioning.MeshConfig()
     mesh = partitioning.make_mesh(mesh_config)
     schedule = lambda step: LEARNING_RATE  # noqa: E731
@@ -85,7 +86,7 @@ def time_ptmjax(batch: dict[str, np.ndarray], steps: int) -> list[float]:
         state, metrics = trainer.train_step(state, global_batch, rng)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
-    return times
+    return times, float(metrics["loss"])
 
 
 def time_pytorch(batch: dict[str, np.ndarray], steps: int) -> list[float] | None:
@@ -141,7 +142,7 @@ def main() -> None:
           + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in peaks.items())
           + f" GFLOP/s; peak = {peak / 1e9:.1f} GFLOP/s\n")
 
-    rows = [("ptmjax (JAX/XLA)", time_ptmjax(batch, args.steps))]
+    rows = [("ptmjax (JAX/XLA)", time_ptmjax(batch, args.steps)[0])]
     torch_times = time_pytorch(batch, args.steps)
     if torch_times is not None:
         rows.append(("Hugging Face (PyTorch)", torch_times))
