@@ -1,12 +1,16 @@
-"""Training throughput and MFU of T5-small, against Hugging Face PyTorch.
+"""Training throughput and MFU of T5-small or GPT-2 small, against Hugging Face PyTorch.
 
-    python benchmarks/train_throughput.py [--steps 5] [--batch 8] [--inputs 512] [--targets 114]
+    python benchmarks/train_throughput.py [--model t5|gpt2] [--steps 5] [--batch 8] [--inputs 512]
+        [--targets 114]
 
-Both frameworks train the same T5 v1.0 small configuration (60M parameters,
-dropout off, float32, AdamW) on the same random token batch, on this
-machine's CPU, in one run. Model FLOP utilisation divides the model's FLOPs
-per second by this machine's matmul peak: the best float32 2048x2048 matmul
-that JAX, NumPy or PyTorch reaches here, measured in the same run. Prints a table; asserts nothing about time.
+Both frameworks train the same configuration with dropout off, float32 and
+AdamW, on the same random token batch, on this machine's CPU, in one run:
+T5 v1.0 small (60M parameters) on `--inputs` and `--targets` tokens, or
+GPT-2 small (124M) on `--inputs` tokens, each predicting the next (the last
+position has no target, as in transformers' shifted labels). Model FLOP
+utilisation divides the model's FLOPs per second by this machine's matmul
+peak: the best float32 2048x2048 matmul that JAX, NumPy or PyTorch reaches
+here, measured in the same run. Prints a table; asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -23,8 +28,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ptmjax import partitioning  # noqa: E402
-from ptmjax.models import EncoderDecoder, T5Config  # noqa: E402
-from ptmjax.models.flops import t5_training_flops  # noqa: E402
+from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config  # noqa: E402
+from ptmjax.models.flops import gpt2_training_flops, t5_training_flops  # noqa: E402
 from ptmjax.training.losses import LossConfig  # noqa: E402
 from ptmjax.training.optimizers import adamw  # noqa: E402
 from ptmjax.training.trainer import Trainer  # noqa: E402
@@ -33,6 +38,11 @@ T5_SMALL = T5Config(
     vocab_size=32128, d_model=512, num_heads=8, head_dim=64, d_ff=2048, num_encoder_layers=6,
     num_decoder_layers=6, ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0,
 )
+GPT2_SMALL = GPT2Config(
+    vocab_size=50257, d_model=768, num_heads=12, num_layers=12, d_ff=3072, max_length=1024, dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+)
+TITLES = {"t5": "T5 v1.0 small", "gpt2": "GPT-2 small"}
 LEARNING_RATE = 1e-4
 
 
@@ -55,26 +65,41 @@ def matmul_peak_flops(size: int = 2048, repeats: int = 10) -> dict[str, float]:
     return peaks
 
 
-def random_batch(batch: int, inputs: int, targets: int) -> dict[str, np.ndarray]:
+def random_batch(batch: int, inputs: int, targets: int, model: str = "t5") -> dict[str, np.ndarray]:
+    """The ptmjax batch of `model`: T5's inputs and targets, or GPT-2's tokens and their next tokens."""
     rng = np.random.default_rng(0)
-    tokens = lambda length: rng.integers(2, T5_SMALL.vocab_size, (batch, length)).astype(np.int32)  # noqa: E731
+    vocab = T5_SMALL.vocab_size if model == "t5" else GPT2_SMALL.vocab_size
+    tokens = lambda length: rng.integers(2, vocab, (batch, length)).astype(np.int32)  # noqa: E731
+    if model == "gpt2":
+        decoder_inputs = tokens(inputs)
+        weights = np.ones_like(decoder_inputs)
+        weights[:, -1] = 0  # the last position has no next token
+        return {"decoder_input_tokens": decoder_inputs, "decoder_target_tokens": np.roll(decoder_inputs, -1, axis=1),
+                "decoder_loss_weights": weights}  # fmt: skip
     target_tokens = tokens(targets)
     decoder_inputs = np.concatenate([np.zeros((batch, 1), np.int32), target_tokens[:, :-1]], axis=1)
     return {
         "encoder_input_tokens": tokens(inputs), "decoder_input_tokens": decoder_inputs,
         "decoder_target_tokens": target_tokens, "decoder_loss_weights": np.ones_like(target_tokens),
-    }
+    }  # fmt: skip
 
 
-def time_ptmjax(batch: dict[str, np.ndarray], steps: int) -> tuple[list[float], float]:
+def training_flops(model: str, batch: int, inputs: int, targets: int) -> float:
+    if model == "gpt2":
+        return gpt2_training_flops(GPT2_SMALL, batch, inputs)
+    return t5_training_flops(T5_SMALL, batch, inputs, targets)
+
+
+def time_ptmjax(batch: dict[str, np.ndarray], steps: int, model: str = "t5") -> tuple[list[float], float]:
     """Each step's seconds, and the loss of the last step."""
     mesh_config = partitioning.MeshConfig()
     mesh = partitioning.make_mesh(mesh_config)
     schedule = lambda step: LEARNING_RATE  # noqa: E731
+    module = GPT2(GPT2_SMALL) if model == "gpt2" else EncoderDecoder(T5_SMALL)
     trainer = Trainer(
-        EncoderDecoder(T5_SMALL), adamw(schedule, weight_decay=0.0, max_grad_norm=None), schedule,
-        mesh, mesh_config.rules, LossConfig(z_loss=0.0),
-    )
+        module, adamw(schedule, weight_decay=0.0, max_grad_norm=None), schedule, mesh, mesh_config.rules,
+        LossConfig(z_loss=0.0),
+    )  # fmt: skip
     state = trainer.init_state(jax.random.key(0))
     global_batch = partitioning.global_batch(batch, mesh)
     rng = jax.random.key(1)
@@ -89,26 +114,41 @@ def time_ptmjax(batch: dict[str, np.ndarray], steps: int) -> tuple[list[float], 
     return times, float(metrics["loss"])
 
 
-def time_pytorch(batch: dict[str, np.ndarray], steps: int) -> list[float] | None:
+def hf_model(model: str) -> Any:
+    """The transformers model of the same configuration, in train mode."""
+    import transformers
+
+    if model == "gpt2":
+        c = GPT2_SMALL
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=c.vocab_size, n_embd=c.d_model, n_layer=c.num_layers, n_head=c.num_heads, n_inner=c.d_ff,
+            n_positions=c.max_length, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )).train()  # fmt: skip
+    c = T5_SMALL
+    return transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=c.vocab_size, d_model=c.d_model, d_kv=c.head_dim, d_ff=c.d_ff, num_layers=c.num_encoder_layers,
+        num_decoder_layers=c.num_decoder_layers, num_heads=c.num_heads, feed_forward_proj="relu",
+        tie_word_embeddings=True, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
+    )).train()  # fmt: skip
+
+
+def time_pytorch(batch: dict[str, np.ndarray], steps: int, model: str = "t5") -> list[float] | None:
     try:
         import torch
-        import transformers
     except ImportError:
         return None
-    config = transformers.T5Config(
-        vocab_size=T5_SMALL.vocab_size, d_model=T5_SMALL.d_model, d_kv=T5_SMALL.head_dim,
-        d_ff=T5_SMALL.d_ff, num_layers=T5_SMALL.num_encoder_layers,
-        num_decoder_layers=T5_SMALL.num_decoder_layers, num_heads=T5_SMALL.num_heads,
-        feed_forward_proj="relu", tie_word_embeddings=True, dropout_rate=0.0,
-        decoder_start_token_id=0, pad_token_id=0,
-    )
-    model = transformers.T5ForConditionalGeneration(config).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
-    inputs = torch.from_numpy(batch["encoder_input_tokens"]).long()
-    labels = torch.from_numpy(batch["decoder_target_tokens"]).long()
+    network = hf_model(model)
+    optimizer = torch.optim.AdamW(network.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    if model == "gpt2":  # transformers shifts the labels itself
+        tokens = torch.from_numpy(batch["decoder_input_tokens"]).long()
+        inputs = {"input_ids": tokens, "labels": tokens}
+    else:
+        inputs = {"input_ids": torch.from_numpy(batch["encoder_input_tokens"]).long(),
+                  "labels": torch.from_numpy(batch["decoder_target_tokens"]).long()}  # fmt: skip
 
     def step():
-        loss = model(input_ids=inputs, labels=labels).loss
+        loss = network(**inputs).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -125,25 +165,26 @@ def _timed(fn) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(TITLES), default="t5")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
-    parser.add_argument("--targets", type=int, default=114)
+    parser.add_argument("--targets", type=int, default=114, help="T5 only")
     args = parser.parse_args()
 
-    batch = random_batch(args.batch, args.inputs, args.targets)
-    tokens = args.batch * (args.inputs + args.targets)
-    flops = t5_training_flops(T5_SMALL, args.batch, args.inputs, args.targets)
+    batch = random_batch(args.batch, args.inputs, args.targets, args.model)
+    tokens = args.batch * (args.inputs + (args.targets if args.model == "t5" else 0))
+    flops = training_flops(args.model, args.batch, args.inputs, args.targets)
     peaks = matmul_peak_flops()
     peak = max(peaks.values())
-    print(f"T5 v1.0 small, batch {args.batch}, inputs {args.inputs}, targets {args.targets}: "
-          f"{flops / 1e9:.1f} GFLOP per training step")
+    lengths = f"inputs {args.inputs}, targets {args.targets}" if args.model == "t5" else f"length {args.inputs}"
+    print(f"{TITLES[args.model]}, batch {args.batch}, {lengths}: {flops / 1e9:.1f} GFLOP per training step")
     print(f"Measured float32 2048x2048 matmul on {os.cpu_count()} CPU cores: "
           + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in peaks.items())
           + f" GFLOP/s; peak = {peak / 1e9:.1f} GFLOP/s\n")
 
-    rows = [("ptmjax (JAX/XLA)", time_ptmjax(batch, args.steps)[0])]
-    torch_times = time_pytorch(batch, args.steps)
+    rows = [("ptmjax (JAX/XLA)", time_ptmjax(batch, args.steps, args.model)[0])]
+    torch_times = time_pytorch(batch, args.steps, args.model)
     if torch_times is not None:
         rows.append(("Hugging Face (PyTorch)", torch_times))
 

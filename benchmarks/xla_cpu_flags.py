@@ -1,6 +1,8 @@
-"""The T5-small training step of train_throughput.py under XLA:CPU flag sets, each in its own process.
+"""The training step of train_throughput.py (T5-small or GPT-2 small) under XLA:CPU flag sets, each in its
+own process.
 
-    python benchmarks/xla_cpu_flags.py [--steps 5] [--rounds 1] [--batch 8] [--inputs 512] [--targets 114]
+    python benchmarks/xla_cpu_flags.py [--model t5|gpt2] [--steps 5] [--rounds 1] [--batch 8] [--inputs 512]
+        [--targets 114]
 
 XLA reads XLA_FLAGS once, when JAX starts, so every flag set runs in a fresh
 process (this script with --child), and the rounds go through the sets in
@@ -34,13 +36,14 @@ def child(args: argparse.Namespace) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import train_throughput
 
-    batch = train_throughput.random_batch(args.batch, args.inputs, args.targets)
-    times, loss = train_throughput.time_ptmjax(batch, args.steps)
+    batch = train_throughput.random_batch(args.batch, args.inputs, args.targets, args.model)
+    times, loss = train_throughput.time_ptmjax(batch, args.steps, args.model)
     print(json.dumps({"times": times, "loss": loss}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["gpt2", "t5"], default="t5")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--batch", type=int, default=8)
@@ -51,8 +54,8 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    sizes = ["--steps", str(args.steps), "--batch", str(args.batch), "--inputs", str(args.inputs),
-             "--targets", str(args.targets)]  # fmt: skip
+    sizes = ["--model", args.model, "--steps", str(args.steps), "--batch", str(args.batch),
+             "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in FLAG_SETS}
     losses: dict[str, float] = {}
     for _ in range(args.rounds):
@@ -64,9 +67,9 @@ def main() -> None:
             times[name] += result["times"]
             losses[name] = result["loss"]
 
-    tokens = args.batch * (args.inputs + args.targets)
+    tokens = args.batch * (args.inputs + (args.targets if args.model == "t5" else 0))
     base = statistics.median(times["defaults"])
-    print(f"T5 v1.0 small training step, batch {args.batch}, inputs {args.inputs}, targets {args.targets}, "
+    print(f"{args.model} training step, batch {args.batch}, inputs {args.inputs}, targets (T5) {args.targets}, "
           f"{os.cpu_count()} CPU cores; {args.rounds} round(s) of {args.steps} steps per flag set\n")
     print(f"{'XLA flags':<30}{'step s (median)':>16}{'tokens/s':>10}{'vs defaults':>13}{'loss after':>12}  XLA_FLAGS")
     for name, flags in FLAG_SETS.items():

@@ -1,4 +1,4 @@
-"""Model FLOPs of a T5 training step, for model FLOP utilisation (MFU).
+"""Model FLOPs of a T5 or GPT-2 training step, for model FLOP utilisation (MFU).
 
 Counts the matrix multiplications of the model as written (2 FLOPs per
 multiply-add), attention scores over the full length (no credit for masks),
@@ -10,33 +10,36 @@ tokens and the dispatch/combine einsums are implementation costs, not counted.
 
 from __future__ import annotations
 
+import functools
+
+from ptmjax.models.gpt2 import GPT2Config
 from ptmjax.models.t5 import T5Config
 
 
-def feed_forward_flops(config: T5Config, layer: int) -> float:
+def feed_forward_flops(config: T5Config | GPT2Config, layer: int) -> float:
     """Per-token FLOPs of layer `layer`'s feed-forward block (either stack).
 
-    Dense: wi (one per activation) and wo. MoE: the [d_model, experts] router
-    plus top_k times the dense count, one expert per chosen slot.
+    Dense: wi (one per T5 activation; GPT-2 has one) and wo. MoE: the
+    [d_model, experts] router plus top_k times the dense count, one expert per
+    chosen slot.
     """
-    dense = 2 * config.d_model * config.d_ff * (len(config.ffn_activations) + 1)
+    wi = len(config.ffn_activations) if isinstance(config, T5Config) else 1
+    dense = 2 * config.d_model * config.d_ff * (wi + 1)
     if not config.is_moe_layer(layer):
         return float(dense)
     return float(2 * config.d_model * config.num_experts + config.moe_top_k * dense)
 
 
-def t5_forward_flops(config: T5Config, batch: int, inputs_length: int, targets_length: int) -> float:
-    """FLOPs of one forward pass over a [batch, inputs] / [batch, targets] batch."""
+def attention_flops(config: T5Config | GPT2Config, queries: int, keys: int) -> float:
+    """Per-example FLOPs of one attention layer: the q, k, v and output projections, scores and values."""
     inner = config.num_heads * config.head_dim
     projections = 2 * config.d_model * inner
+    return float(2 * projections * queries + 2 * projections * keys + 2 * 2 * queries * keys * inner)
 
-    def attention(queries: int, keys: int) -> float:
-        """Per-example FLOPs of one attention layer."""
-        q_and_out = 2 * projections * queries
-        kv = 2 * projections * keys
-        scores_and_values = 2 * 2 * queries * keys * inner
-        return q_and_out + kv + scores_and_values
 
+def t5_forward_flops(config: T5Config, batch: int, inputs_length: int, targets_length: int) -> float:
+    """FLOPs of one forward pass over a [batch, inputs] / [batch, targets] batch."""
+    attention = functools.partial(attention_flops, config)
     encoder = sum(
         attention(inputs_length, inputs_length) + feed_forward_flops(config, i) * inputs_length
         for i in range(config.num_encoder_layers)
@@ -53,3 +56,15 @@ def t5_forward_flops(config: T5Config, batch: int, inputs_length: int, targets_l
 def t5_training_flops(config: T5Config, batch: int, inputs_length: int, targets_length: int) -> float:
     """Forward plus backward (twice the forward) FLOPs of one training step."""
     return 3 * t5_forward_flops(config, batch, inputs_length, targets_length)
+
+
+def gpt2_forward_flops(config: GPT2Config, batch: int, length: int) -> float:
+    """FLOPs of one forward pass over a [batch, length] batch (logits against the tied embedding)."""
+    layers = sum(attention_flops(config, length, length) + feed_forward_flops(config, i) * length
+                 for i in range(config.num_layers))  # fmt: skip
+    return float(batch * (layers + 2 * config.d_model * config.vocab_size * length))
+
+
+def gpt2_training_flops(config: GPT2Config, batch: int, length: int) -> float:
+    """Forward plus backward (twice the forward) FLOPs of one training step."""
+    return 3 * gpt2_forward_flops(config, batch, length)

@@ -1,11 +1,17 @@
-"""Model FLOPs of MoE layers, checked against counts done by hand."""
+"""Model FLOPs of T5, GPT-2 and MoE layers, checked against counts done by hand."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from ptmjax.models import T5Config
-from ptmjax.models.flops import feed_forward_flops, t5_forward_flops, t5_training_flops
+from ptmjax.models import GPT2Config, T5Config
+from ptmjax.models.flops import (
+    feed_forward_flops,
+    gpt2_forward_flops,
+    gpt2_training_flops,
+    t5_forward_flops,
+    t5_training_flops,
+)
 
 DENSE = T5Config(
     vocab_size=10, d_model=4, num_heads=2, head_dim=3, d_ff=8, num_encoder_layers=2, num_decoder_layers=3,
@@ -45,3 +51,16 @@ def test_switch_base_adds_only_routers_to_t5_base(t5_config):
     router = 2 * 768 * 8
     extra = 4 * (6 * 512 + 6 * 114) * router
     assert t5_forward_flops(switch, 4, 512, 114) == t5_forward_flops(dense, 4, 512, 114) + extra
+
+
+def test_model_flops_of_a_gpt2_step_by_hand():
+    config = GPT2Config(vocab_size=10, d_model=4, num_heads=2, num_layers=3, d_ff=8, max_length=16)
+    batch, length = 2, 5
+    # Per layer: q, k, v and out projections 4 x (2*4*4) per token, scores and values 2*2*n*n*4, wi and wo 2*(32+32).
+    layer = 4 * 32 * length + 2 * 2 * length * length * 4 + 128 * length
+    logits = 2 * 4 * 10 * length
+    assert gpt2_forward_flops(config, batch, length) == batch * (3 * layer + logits)
+    assert gpt2_training_flops(config, batch, length) == 3 * gpt2_forward_flops(config, batch, length)
+    moe = dataclasses.replace(config, num_experts=4, moe_every=3, moe_top_k=1)  # MoE: layer 2 only, + a 4x4 router
+    router = batch * length * 2 * 4 * 4
+    assert gpt2_forward_flops(moe, batch, length) == gpt2_forward_flops(config, batch, length) + router
