@@ -90,18 +90,22 @@ def training_flops(model: str, batch: int, inputs: int, targets: int) -> float:
     return t5_training_flops(T5_SMALL, batch, inputs, targets)
 
 
-def time_ptmjax(batch: dict[str, np.ndarray], steps: int, model: str = "t5") -> tuple[list[float], float]:
-    """Each step's seconds, and the loss of the last step."""
+def make_trainer(model: str = "t5") -> Trainer:
+    """The ptmjax trainer of `model` on this host's devices: AdamW at a constant learning rate, no z-loss."""
     mesh_config = partitioning.MeshConfig()
-    mesh = partitioning.make_mesh(mesh_config)
     schedule = lambda step: LEARNING_RATE  # noqa: E731
     module = GPT2(GPT2_SMALL) if model == "gpt2" else EncoderDecoder(T5_SMALL)
-    trainer = Trainer(
-        module, adamw(schedule, weight_decay=0.0, max_grad_norm=None), schedule, mesh, mesh_config.rules,
-        LossConfig(z_loss=0.0),
+    return Trainer(
+        module, adamw(schedule, weight_decay=0.0, max_grad_norm=None), schedule, partitioning.make_mesh(mesh_config),
+        mesh_config.rules, LossConfig(z_loss=0.0),
     )  # fmt: skip
+
+
+def time_ptmjax(batch: dict[str, np.ndarray], steps: int, model: str = "t5") -> tuple[list[float], float]:
+    """Each step's seconds, and the loss of the last step."""
+    trainer = make_trainer(model)
     state = trainer.init_state(jax.random.key(0))
-    global_batch = partitioning.global_batch(batch, mesh)
+    global_batch = partitioning.global_batch(batch, trainer.mesh)
     rng = jax.random.key(1)
     state, metrics = trainer.train_step(state, global_batch, rng)  # compile
     jax.block_until_ready(metrics)
