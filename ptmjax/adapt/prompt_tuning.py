@@ -25,9 +25,15 @@ types are 0, explicit positions become 0..n-1 then the given ones + n.
 - GPT-2: before the tokens, `soft_prompt` [n, d_model] (with positions
   0..n-1, the tokens n, n+1, ...); the prompt is causal (never in a prefix
   LM's bidirectional prefix, so it sees only itself) and `hidden_states` drops
-  its n outputs, so logits align with targets. Cached decoding is refused:
-  the prompt would have to fill the cache once before the first step, which
-  a cached call cannot tell from a later one; use prefix tuning there.
+  its n outputs, so logits align with targets. Cached decoding: as the
+  prompt sees only itself, its keys and values in each layer are the same
+  for every input, so each cached call first runs the prompt alone (one
+  placeholder token after it) to take them, then runs the call's tokens at
+  positions + n with every self-attention attending to the prompt's keys
+  and values before the cache's, as prefix tuning does: the same outputs as
+  the prompt in front, at the cost of n more positions per call. This needs
+  layers that are neither scanned nor rematerialised (the keys and values
+  are read out of each layer).
 
 Packed rows (several segments per row) would show the prompt to the first
 segment only: train prompt methods with unpacked examples.
@@ -50,7 +56,10 @@ import jax.numpy as jnp
 
 from ptmjax.adapt.family_entries import Entry, entry_of, runs_stack
 from ptmjax.adapt.interception import adapted
+from ptmjax.adapt.prefix_tuning import with_prefix
+from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.embed import Embed
+from ptmjax.layers.positions import sequential_positions
 from ptmjax.models.config import check_positive_ints
 
 Array = jax.Array
@@ -111,9 +120,13 @@ class PromptCall:
     embedder: Embed | None = None  # the entry's token embedder, until a stack method creates the prompt
     pending: Array | None = None  # the prompt, until the entry's token embedding takes it
     entered: int = 0
+    prompt_keys_values: dict[tuple[str, ...], Array] | None = None  # cached decoding: by attention path
+    reading_prompt: bool = False  # cached decoding: the prompt-only call that fills prompt_keys_values
 
     def intercept(self, next_fun: Callable[..., Any], args: tuple, kwargs: dict, context: Any) -> Any:
         module = context.module
+        if isinstance(module, MultiHeadAttention) and context.method_name == "attended" and not module.cross_attention:
+            return self._attended(module, next_fun(*args, **kwargs))
         token_embedding = isinstance(module, Embed) and module.axes[0] == "vocab" and context.method_name == "__call__"
         if self.pending is not None and token_embedding:
             out = next_fun(*args, **kwargs)
@@ -129,10 +142,7 @@ class PromptCall:
         arguments = dict(arguments.arguments)
         del arguments["self"]
         if entry.embedder is not None and arguments.get("cache") is not None:
-            raise ValueError(
-                f"{self.settings.title} has no cached decoding for {type(module).__name__} (the prompt cannot fill the "
-                "cache once before the first step); decode with prefix tuning, or prompt-tune T5 or BART."
-            )
+            return self._cached_call(module, context.method_name, next_fun, arguments, entry)
         n = self.settings.length
         arguments.update(_grown(arguments, entry, n, entry.pad_id(module)))
         if entry.embedder is not None:
@@ -140,6 +150,47 @@ class PromptCall:
         self._create_prompt_in(module, context.method_name)
         out = next_fun(**arguments)
         return out[:, n:] if entry.drops_prompt else out
+
+    def _cached_call(
+        self, module: nn.Module, method: str, next_fun: Callable[..., Any], arguments: dict[str, Any], entry: Entry
+    ) -> Any:  # fmt: skip
+        """A decoding call of a decoder-only model: its tokens after the prompt's keys and values (see the module
+        docstring)."""
+        n, config, cache = self.settings.length, module.config, arguments["cache"]
+        if config.scan_layers or config.remat_policy != "none":
+            raise ValueError(
+                f"cached decoding of a prompt-tuned {type(module.config).__name__} reads the prompt's keys and values "
+                f"out of each layer; set {type(config).__name__}.scan_layers = False and remat_policy = 'none' to "
+                "decode (training may keep them)"
+            )
+        if cache.length + n > config.max_length:
+            raise ValueError(
+                f"decoding {cache.length} positions after a prompt of {n} needs {cache.length + n} positions, more "
+                f"than {type(config).__name__}.max_length = {config.max_length}; decode fewer tokens"
+            )
+        tokens = arguments[entry.tokens]
+        self.prompt_keys_values, self.reading_prompt = {}, True
+        getattr(module, method)(jnp.ones((tokens.shape[0], 1), tokens.dtype))  # the prompt alone, uncached
+        self.reading_prompt = False
+        positions = next(name for name, how in entry.companions.items() if how == "positions")
+        arguments[positions] = (sequential_positions(tokens) if arguments.get(positions) is None
+                                else arguments[positions]) + n  # fmt: skip
+        try:
+            return next_fun(**arguments)
+        finally:
+            self.prompt_keys_values = None
+
+    def _attended(self, module: MultiHeadAttention, out: tuple[Array, Array, Array | None]) -> Any:
+        """A self-attention's keys, values and bias: the prompt's part taken while reading the prompt, the prompt's
+        keys and values put in front during a cached call; as they were otherwise."""
+        if self.prompt_keys_values is None:
+            return out
+        key, value, bias = out
+        path, n = module.scope.path, self.settings.length
+        if self.reading_prompt:
+            self.prompt_keys_values[path] = jnp.stack([key[0, :, :n], value[0, :, :n]])  # [2, h, n, d]: every row's
+            return out
+        return with_prefix(key, value, bias, self.prompt_keys_values[path])
 
     def _create_prompt_in(self, module: nn.Module, method: str) -> None:
         """Creates the awaited prompt in the scope of `module.method` if that runs a layer stack (a compact method:

@@ -1,6 +1,6 @@
 """Greedy decoding (ModelApi.predict: the cached encode/decode and hidden_states/logits calls) with adapters, prompt
 tuning, P-tuning and prefix tuning equals an uncached greedy loop over the whole model, or for prompt tuning the
-base model decoding with the prompt's tokens in front of the input."""
+base model decoding with the prompt's tokens in front of the input (GPT-2's prompt taken as keys and values)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def greedy(model, params, name: str, prompts: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("method", "name"), [
-    ("adapters", "t5"), ("adapters", "gpt2"), ("adapters", "bart"), ("p_tuning", "t5"), ("prefix", "t5"),
-    ("prefix", "gpt2"), ("prefix", "bart"),
+    ("adapters", "t5"), ("adapters", "gpt2"), ("adapters", "bart"), ("p_tuning", "t5"), ("p_tuning", "gpt2"),
+    ("prefix", "t5"), ("prefix", "gpt2"), ("prefix", "bart"),
 ])  # fmt: skip
 def test_greedy_decoding_equals_the_uncached_loop(method, name):
     make, pattern = METHODS[method]
@@ -48,14 +48,14 @@ def test_greedy_decoding_equals_the_uncached_loop(method, name):
     np.testing.assert_array_equal(got, uncached_greedy(model, params, name, PROMPTS, STEPS, IDS.eos_token_id))
 
 
-@pytest.mark.parametrize("name", ENCODER_DECODERS)
-def test_greedy_decoding_of_a_prompt_tuned_encoder_decoder_equals_the_base_model_with_the_prompts_tokens_in_front(
-    name,
-):
+@pytest.mark.parametrize("name", [*ENCODER_DECODERS, "gpt2"])
+def test_greedy_decoding_of_a_prompt_tuned_model_equals_the_base_model_with_the_prompts_tokens_in_front(name):
     prompt_ids = np.array([20, 21, 22], np.int32)
     model = prompt_tuning(MODELS[name], length=3)
     params = init_params(model)
-    params["encoder"]["soft_prompt"] = params["token_embedder"]["embedding"][prompt_ids]
+    (params["encoder"] if name in ENCODER_DECODERS else params)["soft_prompt"] = (
+        params["token_embedder"]["embedding"][prompt_ids]
+    )
     prepended = np.concatenate([np.broadcast_to(prompt_ids, (len(PROMPTS), 3)), PROMPTS], axis=1)
     want = greedy(MODELS[name], without(params, PROMPT_PARAMS), name, prepended)
     np.testing.assert_array_equal(greedy(model, params, name, PROMPTS), want)

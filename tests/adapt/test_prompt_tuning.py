@@ -82,12 +82,16 @@ def test_scanned_layers_compute_what_unscanned_ones_do():
     np.testing.assert_allclose(got, outputs(plain, params, "gpt2"), rtol=1e-5, atol=1e-5)
 
 
-def test_cached_decoding_of_a_prompt_tuned_gpt2_is_refused():
-    model = prompt_tuning(MODELS["gpt2"], length=3)
+def test_cached_decoding_of_a_prompt_tuned_gpt2_refuses_scanned_layers_and_too_long_decodes():
+    scanned = MODELS["gpt2"].clone(config=dataclasses.replace(MODELS["gpt2"].config, scan_layers=True))
     batch = {"decoder_input_tokens": np.array([[5, 6, 7]], np.int32)}
-    with pytest.raises(ValueError, match="prompt tuning has no cached decoding for PromptTunedGPT2"):
-        model_api(model).predict(init_params(model), batch, DecodeConfig(max_decode_length=4),
-                                 GenerationIds(eos_token_id=1, pad_token_id=0, decoder_start_token_id=0))  # fmt: skip
+    ids = GenerationIds(eos_token_id=1, pad_token_id=0, decoder_start_token_id=0)
+    model = prompt_tuning(scanned, length=3)
+    with pytest.raises(ValueError, match=r"set GPT2Config.scan_layers = False and remat_policy = 'none' to decode"):
+        model_api(model).predict(init_params(model), batch, DecodeConfig(max_decode_length=4), ids)
+    model = prompt_tuning(MODELS["gpt2"], length=3)
+    with pytest.raises(ValueError, match=r"needs 33 positions, more than GPT2Config.max_length = 32"):
+        model_api(model).predict(init_params(model), batch, DecodeConfig(max_decode_length=27), ids)
 
 
 @pytest.mark.parametrize(("make", "message"), [
