@@ -42,6 +42,7 @@ from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.nonfinite import NonFiniteMonitor, NonFinitePolicy
 from ptmjax.training.optimizers import adafactor
+from ptmjax.training.prefetch import DevicePrefetcher
 from ptmjax.training.resume_check import check_resumable
 from ptmjax.training.run_lock import locks_model_dir
 from ptmjax.training.run_spec import RunSpec
@@ -92,6 +93,7 @@ def train(
     best_checkpoint_mode: str = "max",
     nonfinite_policy: NonFinitePolicy | None = None,
     trainable: Sequence[str] | None = None,
+    prefetch_batches: int = 2,
 ) -> TrainResult:
     """Pre-trains `model` on a seqio mixture; resumes from `model_dir`.
 
@@ -141,12 +143,18 @@ def train(
       trainable: regular expressions over parameter paths ('layers_3/.*',
         '.*/bias'); only the parameters they match train, the rest are frozen
         with no optimizer state (ptmjax/training/trainable.py). None trains all.
+      prefetch_batches: train batches a background thread reads and puts on
+        the devices ahead of the step (ptmjax/training/prefetch.py), so the
+        host's work overlaps the step's; 0: none, each batch is read and put
+        in the loop's thread. The batches and the data position are the same.
     """
     mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
     inference_eval_every = eval_every if inference_eval_every is None else inference_eval_every
     _check_positive(batch_size=batch_size, num_steps=num_steps, log_every=log_every, eval_every=eval_every,
                     checkpoint_every=checkpoint_every, inference_eval_every=inference_eval_every,
                     **({} if eval_batches is None else {"eval_batches": eval_batches}))  # fmt: skip
+    if isinstance(prefetch_batches, bool) or not isinstance(prefetch_batches, int) or prefetch_batches < 0:
+        raise ValueError(f"train.prefetch_batches={prefetch_batches!r} must be an int >= 0 (0: no prefetching)")
     if best_checkpoint_metric is not None and not inference_eval_tasks:
         raise ValueError(
             f"train.best_checkpoint_metric={best_checkpoint_metric!r} needs evaluations; set "
@@ -199,12 +207,8 @@ def train(
         log.truncate_after(start)
 
         def host_dataset(split: str, **kwargs):
-            """This host's shard of a split, batched to its share of the global batch."""
-            return pipeline.get_dataset(
-                mixture_or_task_name, split, task_feature_lengths, batch_size // jax.process_count(),
-                seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
-                feature_converter=trainer.api.family.feature_converter, **kwargs,
-            )
+            return run_dataset(mixture_or_task_name, split, task_feature_lengths, batch_size,
+                               trainer.api.family.feature_converter, seed=seed, pack=pack, **kwargs)  # fmt: skip
 
         evaluators = [
             evaluator_for(
@@ -227,6 +231,8 @@ def train(
         train_iter = pipeline.ResumableIterator(
             lambda: host_dataset("train", shuffle=True), batches_consumed=data_state["batches_consumed"]
         )
+        # Its state() is the data position that checkpoints save: the batches taken, not those read ahead.
+        train_batches = DevicePrefetcher(train_iter, lambda b: partitioning.global_batch(b, mesh), prefetch_batches)
 
         def evaluate(params) -> dict[str, float]:
             dataset = host_dataset("validation", shuffle=False, num_epochs=1, pad_final_batch=True)
@@ -245,15 +251,13 @@ def train(
         tokens_per_step = None  # the model's input tokens per global batch, read off the first batch
         train_loss, eval_metrics, task_metrics, preempted = None, {}, {}, False
         last_time, last_step = None, start  # timing starts once the first step (and its compile) is done
-        with multihost.stop_on_sigterm() as stop_after, tqdm(
+        with train_batches, multihost.stop_on_sigterm() as stop_after, tqdm(
             total=num_steps, initial=start, disable=not (show_progress and primary), unit="step", dynamic_ncols=True
         ) as bar:
             for step in range(start, num_steps):
-                host_batch = next(train_iter)
-                if tokens_per_step is None:
-                    fields = trainer.api.family.init_fields
-                    tokens_per_step = sum(host_batch[name].size for name in fields) * jax.process_count()
-                batch = partitioning.global_batch(host_batch, mesh)
+                batch = next(train_batches)
+                if tokens_per_step is None:  # global arrays: their size counts every host's rows
+                    tokens_per_step = sum(batch[name].size for name in trainer.api.family.init_fields)
                 state, metrics = trainer.train_step(state, batch, dropout_rng)
                 done = step + 1
                 nonfinite.add(done, metrics)
@@ -276,7 +280,7 @@ def train(
                     bar.set_postfix(loss=f"{train_loss:.3f}", **speed)
                 stop = stop_after(done)
                 if done % checkpoint_every == 0 or done == num_steps or stop:  # before evaluating, which may fail
-                    _save_if_finite(checkpointer, nonfinite, done, part.of(state), train_iter.state())
+                    _save_if_finite(checkpointer, nonfinite, done, part.of(state), train_batches.state())
                 if done % eval_every == 0 or done == num_steps:
                     eval_start = time.perf_counter()
                     eval_metrics = evaluate(state.params)
@@ -313,6 +317,19 @@ def train(
         files["best"] = best.folder.path
     eval_metrics = {**eval_metrics, **{f"eval_{k}": v for k, v in task_metrics.items()}}
     return TrainResult(model_dir, final_step, train_loss, eval_metrics, preempted, files)
+
+
+def run_dataset(
+    mixture_or_task_name: str, split: str, task_feature_lengths: Mapping[str, int], batch_size: int,
+    feature_converter: type[seqio.FeatureConverter], *, seed: int, pack: bool, **kwargs,
+):  # fmt: skip
+    """This host's shard of a split, batched to its share of the global `batch_size`: what `train` reads
+    (with `shuffle=True` for 'train'; `benchmarks/input_pipeline.py` times it). kwargs go to `pipeline.get_dataset`."""
+    return pipeline.get_dataset(
+        mixture_or_task_name, split, task_feature_lengths, batch_size // jax.process_count(),
+        seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
+        feature_converter=feature_converter, **kwargs,
+    )
 
 
 def run_spec_from_gin() -> RunSpec:
