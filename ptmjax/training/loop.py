@@ -33,7 +33,7 @@ from ptmjax.evaluation import results
 from ptmjax.evaluation.head_evaluator import evaluator_for
 from ptmjax.model_dir import ModelDir
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
-from ptmjax.training import multihost
+from ptmjax.training import compilation_cache, multihost
 from ptmjax.training.best_checkpoint import BestCheckpoint
 from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.damaged_checkpoints import restore_newest_intact
@@ -48,6 +48,7 @@ from ptmjax.training.run_lock import locks_model_dir
 from ptmjax.training.run_spec import RunSpec
 from ptmjax.training.saved_part import saved_part
 from ptmjax.training.split_check import check_run_splits
+from ptmjax.training.startup import StartupClock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +95,7 @@ def train(
     nonfinite_policy: NonFinitePolicy | None = None,
     trainable: Sequence[str] | None = None,
     prefetch_batches: int = 2,
+    compilation_cache_dir: str | None = compilation_cache.AUTO,
 ) -> TrainResult:
     """Pre-trains `model` on a seqio mixture; resumes from `model_dir`.
 
@@ -147,7 +149,13 @@ def train(
         the devices ahead of the step (ptmjax/training/prefetch.py), so the
         host's work overlaps the step's; 0: none, each batch is read and put
         in the loop's thread. The batches and the data position are the same.
+      compilation_cache_dir: JAX's persistent compilation cache, which spares
+        a run started again (resumed, or the same run elsewhere) its compiles:
+        'auto' is $PTMJAX_COMPILATION_CACHE_DIR, else ~/.cache/ptmjax/
+        compilation_cache; None: off. A cache folder JAX already has is kept
+        (ptmjax/training/compilation_cache.py).
     """
+    startup = StartupClock("imports and gin")
     mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
     inference_eval_every = eval_every if inference_eval_every is None else inference_eval_every
     _check_positive(batch_size=batch_size, num_steps=num_steps, log_every=log_every, eval_every=eval_every,
@@ -168,6 +176,7 @@ def train(
         schedule=schedule, loss_config=loss_config, mesh_config=mesh_config, num_microbatches=num_microbatches,
         pack=pack, trainable=trainable,
     )  # fmt: skip
+    compilation_cache.use_compilation_cache(compilation_cache_dir)
     mesh = partitioning.make_mesh(spec.mesh_config)
     _check_vocabulary(model, mixture_or_task_name)
     trainer = spec.trainer(mesh)
@@ -176,7 +185,13 @@ def train(
         print(f"Training {count:,} of {total:,} parameter values ({count / total:.2%}); the rest are frozen")
     part = saved_part(folder, trainer, init_checkpoint, trainable is not None)
     check_resumable(folder, part.of(trainer.abstract_state))  # before config.gin is rewritten
-    check_run_splits(mixture_or_task_name, task_feature_lengths, trainer.api.family.feature_converter, pack)
+    validation_dataset = check_run_splits(
+        mixture_or_task_name, task_feature_lengths,
+        lambda: run_dataset(mixture_or_task_name, "validation", task_feature_lengths, batch_size,
+                            trainer.api.family.feature_converter, seed=seed, pack=pack, shuffle=False, num_epochs=1,
+                            pad_final_batch=True),
+    )  # fmt: skip
+    startup.mark("model and checks")
     os.makedirs(folder.path, exist_ok=True)
     checkpointer = folder.checkpointer(max_to_keep=keep_checkpoints)
     with contextlib.closing(checkpointer):  # closed on every way out, a failed restore included
@@ -205,6 +220,7 @@ def train(
                       f"{part.base[0].path} (step {part.base[1]}), recorded in {folder.base_path}")  # fmt: skip
         start = int(state.step)
         log.truncate_after(start)
+        startup.mark("restored state" if start else "initial state")
 
         def host_dataset(split: str, **kwargs):
             return run_dataset(mixture_or_task_name, split, task_feature_lengths, batch_size,
@@ -235,9 +251,8 @@ def train(
         train_batches = DevicePrefetcher(train_iter, lambda b: partitioning.global_batch(b, mesh), prefetch_batches)
 
         def evaluate(params) -> dict[str, float]:
-            dataset = host_dataset("validation", shuffle=False, num_epochs=1, pad_final_batch=True)
-            shapes = {name: tuple(spec.shape) for name, spec in dataset.element_spec.items()}
-            batches = itertools.islice(dataset.as_numpy_iterator(), eval_batches)
+            shapes = {name: tuple(spec.shape) for name, spec in validation_dataset.element_spec.items()}
+            batches = itertools.islice(validation_dataset.as_numpy_iterator(), eval_batches)
             total = None
             for batch in multihost.batches_in_lockstep(batches, shapes):
                 stats = trainer.eval_stats(params, partitioning.global_batch(batch, mesh))
@@ -258,6 +273,7 @@ def train(
                 batch = next(train_batches)
                 if tokens_per_step is None:  # global arrays: their size counts every host's rows
                     tokens_per_step = sum(batch[name].size for name in trainer.api.family.init_fields)
+                    startup.mark("train data")
                 state, metrics = trainer.train_step(state, batch, dropout_rng)
                 done = step + 1
                 nonfinite.add(done, metrics)
@@ -266,6 +282,9 @@ def train(
                 if last_time is None:  # the first step compiled: step times start after it
                     jax.block_until_ready(metrics)
                     last_time, last_step = time.perf_counter(), done
+                    startup.mark("first step")
+                    if primary:
+                        bar.write(startup.line())
                 if done % log_every == 0 or done == num_steps:
                     nonfinite.check()
                     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}

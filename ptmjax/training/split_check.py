@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-import seqio
+import tensorflow as tf
 
 from ptmjax.data import pipeline
 
@@ -17,10 +17,17 @@ RUN_SPLITS = {
 def check_run_splits(
     mixture_or_task_name: str,
     task_feature_lengths: Mapping[str, int],
-    feature_converter: type[seqio.FeatureConverter],
-    pack: bool,
-) -> None:
-    """Raises a ValueError naming the split and the fix when one of RUN_SPLITS is missing or yields nothing."""
+    make_validation: Callable[[], tf.data.Dataset],
+) -> tf.data.Dataset:
+    """Raises a ValueError naming the split and the fix when one of RUN_SPLITS is missing or yields nothing.
+
+    Returns the validation dataset that `make_validation` builds (the run's
+    evaluation batches: unshuffled, so every iteration reads the same
+    batches), checked on its first batch, for the run to evaluate on: built
+    once. The train split is checked on the task's own examples, before the
+    feature converter, packing and batching, which the run's train dataset (a
+    seeded shuffle that must start with its first iteration) adds itself.
+    """
     provider = pipeline.get_task_or_mixture(mixture_or_task_name)
     for split, use in RUN_SPLITS.items():
         if split not in provider.splits:
@@ -28,12 +35,16 @@ def check_run_splits(
                 f"{mixture_or_task_name!r} has no {split!r} split, which the run {use}; register it with one "
                 f"(e.g. register_text_files_task.{split}_pattern); its splits: {', '.join(provider.splits)}"
             )
-        dataset = pipeline.get_dataset(
-            mixture_or_task_name, split, task_feature_lengths, 1, seed=0, shuffle=False, pack=pack, num_epochs=1,
-            feature_converter=feature_converter,
-        )  # fmt: skip
-        if next(dataset.as_numpy_iterator(), None) is None:
-            raise ValueError(
-                f"the {split!r} split of {mixture_or_task_name!r} yields no examples, and the run {use}; "
-                "add data to it (are its files empty?)"
-            )
+    train = provider.get_dataset(dict(task_feature_lengths), split="train", shuffle=False, num_epochs=1, seed=0)
+    _check_yields(train, mixture_or_task_name, "train")
+    validation = make_validation()
+    _check_yields(validation, mixture_or_task_name, "validation")
+    return validation
+
+
+def _check_yields(dataset: tf.data.Dataset, mixture_or_task_name: str, split: str) -> None:
+    if next(iter(dataset.take(1)), None) is None:
+        raise ValueError(
+            f"the {split!r} split of {mixture_or_task_name!r} yields no examples, and the run {RUN_SPLITS[split]}; "
+            "add data to it (are its files empty?)"
+        )
