@@ -35,12 +35,20 @@ def use_compilation_cache(directory: str | None = AUTO) -> str | None:
     """Points JAX's persistent compilation cache at `directory` ('auto': `default_directory()`; None: off) unless
     JAX already has a cache folder, which is kept. Returns the folder in use, or None. Call it before the first
     compile that should be cached (programs compiled before it are not)."""
-    current = jax.config.jax_compilation_cache_dir
+    current = _jax_cache_dir()
     if current:
         return current
     if directory is None:
         return None
     directory = os.path.expanduser(default_directory() if directory == AUTO else directory)
     os.makedirs(directory, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", directory)
+    _set_jax_cache_dir(directory)
     return directory
+
+
+def _jax_cache_dir() -> str | None:
+    return jax.config.jax_compilation_cache_dir
+
+
+def _set_jax_cache_dir(directory: str) -> None:
+    jax.config.update("jax_compilation_cache_dir", directory)
