@@ -29,22 +29,22 @@ def check_run_splits(
     seeded shuffle that must start with its first iteration) adds itself.
     """
     provider = pipeline.get_task_or_mixture(mixture_or_task_name)
-    for split, use in RUN_SPLITS.items():
+    datasets = {
+        "train": lambda: provider.get_dataset(dict(task_feature_lengths), split="train", shuffle=False, num_epochs=1,
+                                              seed=0),
+        "validation": make_validation,
+    }  # fmt: skip
+    for split, use in RUN_SPLITS.items():  # in order: a train split's problem is named first
         if split not in provider.splits:
             raise ValueError(
                 f"{mixture_or_task_name!r} has no {split!r} split, which the run {use}; register it with one "
                 f"(e.g. register_text_files_task.{split}_pattern); its splits: {', '.join(provider.splits)}"
             )
-    train = provider.get_dataset(dict(task_feature_lengths), split="train", shuffle=False, num_epochs=1, seed=0)
-    _check_yields(train, mixture_or_task_name, "train")
-    validation = make_validation()
-    _check_yields(validation, mixture_or_task_name, "validation")
-    return validation
+        dataset = datasets[split]()
+        if next(iter(dataset.take(1)), None) is None:
+            raise ValueError(
+                f"the {split!r} split of {mixture_or_task_name!r} yields no examples, and the run {use}; "
+                "add data to it (are its files empty?)"
+            )
+    return dataset
 
-
-def _check_yields(dataset: tf.data.Dataset, mixture_or_task_name: str, split: str) -> None:
-    if next(iter(dataset.take(1)), None) is None:
-        raise ValueError(
-            f"the {split!r} split of {mixture_or_task_name!r} yields no examples, and the run {RUN_SPLITS[split]}; "
-            "add data to it (are its files empty?)"
-        )
