@@ -17,12 +17,13 @@ targets 114, batch 128): its pipeline at batch 128, its step at
 `--t5_base_step_batch` rows (tokens/s scaled from those rows; a CPU step at
 128 rows takes minutes).
 
-`--startup` runs `ptmjax train` on the demo (runs/demo.gin) in a subprocess
-twice per measurement, into a fresh model folder: for 2 steps (a fresh run,
-with the JAX compilation cache cold or warm as found) and again for 4 (a
-resumed run), and reports the seconds from the process start to the loop's
+`--startup` runs `ptmjax train` on the demo (runs/demo.gin) in subprocesses,
+into a fresh model folder: for 2 steps (a fresh run, with the JAX compilation
+cache cold or warm as found), again for 4 (a resumed run), and a fresh run in
+another folder (the cache now warm), and reports the seconds from the process start to the loop's
 'Start-up' line (printed when the first step is done) with its breakdown.
-`--cold_cache` points the runs at an empty compilation cache first.
+`--cold_cache` points the runs at an empty compilation cache first;
+`--startup_binding` adds gin bindings to them.
 
 Prints tables; asserts nothing about time.
 """
@@ -136,11 +137,11 @@ def print_throughput(results: dict[str, dict]) -> None:
 STARTUP_LINE = re.compile(r"^Start-up: (?P<total>[\d.]+) s .*$", re.M)
 
 
-def run_demo(model_dir: str, num_steps: int, env: dict[str, str]) -> tuple[float, str]:
+def run_demo(model_dir: str, num_steps: int, env: dict[str, str], bindings: list[str]) -> tuple[float, str]:
     """Seconds from spawning `ptmjax train` to its 'Start-up' line, and that line."""
     command = [sys.executable, "-m", "ptmjax.train", f"--model_dir={model_dir}",
                f"--gin_bindings=train.num_steps = {num_steps}",
-               "--gin_bindings=train.show_progress = False"]  # fmt: skip
+               "--gin_bindings=train.show_progress = False", *(f"--gin_bindings={b}" for b in bindings)]  # fmt: skip
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**env, "PYTHONUNBUFFERED": "1"})  # fmt: skip
@@ -154,7 +155,7 @@ def run_demo(model_dir: str, num_steps: int, env: dict[str, str]) -> tuple[float
     return line_at, seen
 
 
-def print_startup(runs: int, cold_cache: bool) -> None:
+def print_startup(runs: int, cold_cache: bool, bindings: list[str]) -> None:
     env = dict(os.environ)
     if cold_cache:
         env["PTMJAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ptmjax-jax-cache-")
@@ -162,10 +163,12 @@ def print_startup(runs: int, cold_cache: bool) -> None:
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as folder:
             model_dir = os.path.join(folder, "demo")
-            rows.append(("fresh (2 steps)", *run_demo(model_dir, 2, env)))
-            rows.append(("resumed (to step 4)", *run_demo(model_dir, 4, env)))
+            rows.append(("fresh (2 steps)", *run_demo(model_dir, 2, env, bindings)))
+            rows.append(("resumed (to step 4)", *run_demo(model_dir, 4, env, bindings)))
+            rows.append(("fresh again (2 steps)", *run_demo(os.path.join(folder, "again"), 2, env, bindings)))
     cache = env.get("PTMJAX_COMPILATION_CACHE_DIR", "the default compilation cache")
-    print(f"\n`ptmjax train` on runs/demo.gin; compilation cache: {cache}")
+    print(f"\n`ptmjax train` on runs/demo.gin{''.join(f" --gin_bindings='{b}'" for b in bindings)}; "
+          f"compilation cache: {cache}")
     print(f"{'run':<22}{'s to first step':>16}  the loop's breakdown")
     for label, seconds, line in rows:
         print(f"{label:<22}{seconds:>16.1f}  {line}")
@@ -181,10 +184,12 @@ def main() -> None:
     parser.add_argument("--startup", action="store_true", help="time `ptmjax train` on the demo to its first step")
     parser.add_argument("--startup_runs", type=int, default=1)
     parser.add_argument("--cold_cache", action="store_true", help="--startup with an empty compilation cache")
+    parser.add_argument("--startup_binding", action="append", default=[],
+                        help="--startup: a gin binding for the runs, e.g. 'train.compile_ahead = True' (repeatable)")
     args = parser.parse_args()
 
     if args.startup:
-        print_startup(args.startup_runs, args.cold_cache)
+        print_startup(args.startup_runs, args.cold_cache, args.startup_binding)
         return
     configs = dict(CONFIGS)
     if args.t5_base:

@@ -8,7 +8,11 @@ and shardings the loop will call it with; the loop `wait`s for one before its
 own first call of that program, which then finds it in JAX's persistent
 compilation cache instead of compiling it again. Only useful with that cache
 on (`train.compilation_cache_dir`): JAX's in-memory caches do not carry an
-ahead-of-time compile over to a jitted call.
+ahead-of-time compile over to a jitted call in general. `train.compile_ahead
+= True` turns it on; it is off by default, because it only pays where the
+host has idle cores: on a 2-core CPU shared with other work the threads'
+tracing competed with the data checks for the same cores and a cold start
+took longer (docs/performance.md).
 
 It changes no result: a program loaded from the cache is the one XLA would
 compile (the cache's key covers the program, its options and versions). A

@@ -97,6 +97,7 @@ def train(
     trainable: Sequence[str] | None = None,
     prefetch_batches: int = 2,
     compilation_cache_dir: str | None = compilation_cache.AUTO,
+    compile_ahead: bool = False,
 ) -> TrainResult:
     """Pre-trains `model` on a seqio mixture; resumes from `model_dir`.
 
@@ -155,6 +156,11 @@ def train(
         'auto' is $PTMJAX_COMPILATION_CACHE_DIR, else ~/.cache/ptmjax/
         compilation_cache; None: off. A cache folder JAX already has is kept
         (ptmjax/training/compilation_cache.py).
+      compile_ahead: with the compilation cache on, compile the train step
+        (and a fresh run's initialisation) in background threads while the
+        data is checked and read (ptmjax/training/compile_ahead.py): for hosts
+        with idle cores. Off by default: on a busy 2-core CPU it made a cold
+        start slower (docs/performance.md).
     """
     startup = StartupClock("imports and gin")
     mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
@@ -186,8 +192,9 @@ def train(
         print(f"Training {count:,} of {total:,} parameter values ({count / total:.2%}); the rest are frozen")
     part = saved_part(folder, trainer, init_checkpoint, trainable is not None)
     check_resumable(folder, part.of(trainer.abstract_state))  # before config.gin is rewritten
-    # With the persistent cache on, the first programs compile in threads while the data is checked and read.
-    ahead = CompileAhead(_compile_ahead_jobs(trainer, spec, seed, fresh=not folder.saved_steps()) if cache else {})
+    # The first programs compile in threads while the data is checked and read; the loop's calls load them.
+    jobs = _compile_ahead_jobs(trainer, spec, seed, fresh=not folder.saved_steps()) if cache and compile_ahead else {}
+    ahead = CompileAhead(jobs)
     validation_dataset = check_run_splits(
         mixture_or_task_name, task_feature_lengths,
         lambda: run_dataset(mixture_or_task_name, "validation", task_feature_lengths, batch_size,

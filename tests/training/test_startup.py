@@ -120,3 +120,25 @@ def test_startup_line_sums_its_phases(monkeypatch):
         "Start-up: 9.0 s from importing ptmjax to the first step done (imports and gin 6.0 s, checks 2.5 s, "
         "first step 0.5 s)"
     )
+
+
+def test_training_with_programs_compiled_ahead_is_identical(tmp_path):
+    from ptmjax.models import EncoderDecoder, T5Config
+    from ptmjax.training.loop import train
+
+    config = T5Config(
+        vocab_size=2176, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=1,
+        num_decoder_layers=1, ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.1,
+    )
+
+    def losses(name, compile_ahead):
+        train(
+            str(tmp_path / name), model=EncoderDecoder(config), task_feature_lengths={"inputs": 32, "targets": 8},
+            batch_size=8, num_steps=3, log_every=1, eval_every=3, eval_batches=1, show_progress=False,
+            compile_ahead=compile_ahead,
+        )
+        with open(tmp_path / name / "metrics.jsonl") as f:
+            return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+
+    assert jax.config.jax_compilation_cache_dir  # the cache compile_ahead needs (tests/conftest.py)
+    assert losses("ahead", True) == losses("plain", False)
