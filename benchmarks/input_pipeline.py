@@ -167,8 +167,8 @@ def print_startup(runs: int, cold_cache: bool, bindings: list[str]) -> None:
             rows.append(("resumed (to step 4)", *run_demo(model_dir, 4, env, bindings)))
             rows.append(("fresh again (2 steps)", *run_demo(os.path.join(folder, "again"), 2, env, bindings)))
     cache = env.get("PTMJAX_COMPILATION_CACHE_DIR", "the default compilation cache")
-    print(f"\n`ptmjax train` on runs/demo.gin{''.join(f" --gin_bindings='{b}'" for b in bindings)}; "
-          f"compilation cache: {cache}")
+    flags = "".join(f" --gin_bindings='{binding}'" for binding in bindings)
+    print(f"\n`ptmjax train` on runs/demo.gin{flags}; compilation cache: {cache}")
     print(f"{'run':<22}{'s to first step':>16}  the loop's breakdown")
     for label, seconds, line in rows:
         print(f"{label:<22}{seconds:>16.1f}  {line}")

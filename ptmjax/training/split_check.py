@@ -21,30 +21,25 @@ def check_run_splits(
 ) -> tf.data.Dataset:
     """Raises a ValueError naming the split and the fix when one of RUN_SPLITS is missing or yields nothing.
 
-    Returns the validation dataset that `make_validation` builds (the run's
-    evaluation batches: unshuffled, so every iteration reads the same
-    batches), checked on its first batch, for the run to evaluate on: built
-    once. The train split is checked on the task's own examples, before the
-    feature converter, packing and batching, which the run's train dataset (a
-    seeded shuffle that must start with its first iteration) adds itself.
+    Each split, in order, is checked on its first example before the feature
+    converter, over the whole split (not this host's shard: evaluation pads a
+    host whose shard ran out). Returns the run's validation dataset, built by
+    `make_validation` (its converter's errors surface here, before anything
+    is written) and not read: unshuffled, it reads the same batches at every
+    evaluation, so the run builds it once. The run builds its train dataset
+    itself: a seeded shuffle whose order starts with its first iteration.
     """
     provider = pipeline.get_task_or_mixture(mixture_or_task_name)
-    datasets = {
-        "train": lambda: provider.get_dataset(dict(task_feature_lengths), split="train", shuffle=False, num_epochs=1,
-                                              seed=0),
-        "validation": make_validation,
-    }  # fmt: skip
-    for split, use in RUN_SPLITS.items():  # in order: a train split's problem is named first
+    for split, use in RUN_SPLITS.items():
         if split not in provider.splits:
             raise ValueError(
                 f"{mixture_or_task_name!r} has no {split!r} split, which the run {use}; register it with one "
                 f"(e.g. register_text_files_task.{split}_pattern); its splits: {', '.join(provider.splits)}"
             )
-        dataset = datasets[split]()
-        if next(iter(dataset.take(1)), None) is None:
+        examples = provider.get_dataset(dict(task_feature_lengths), split=split, shuffle=False, num_epochs=1, seed=0)
+        if next(iter(examples.take(1)), None) is None:
             raise ValueError(
                 f"the {split!r} split of {mixture_or_task_name!r} yields no examples, and the run {use}; "
                 "add data to it (are its files empty?)"
             )
-    return dataset
-
+    return make_validation()
