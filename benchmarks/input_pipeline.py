@@ -125,13 +125,13 @@ def measure(gin_files: list[str], bindings: list[str], batches: int, steps: int,
 
 def print_throughput(results: dict[str, dict]) -> None:
     print(f"\n{'run':<28}{'task':<34}{'batch x lengths':<24}{'first s':>8}{'pipe ex/s':>10}{'pipe tok/s':>11}"
-          f"{'step tok/s':>11}{'ratio':>7}")  # fmt: skip
+          f"{'step tok/s':>11}{'ratio':>9}")  # fmt: skip
     for label, r in results.items():
         shape = f"{r['batch']} x " + "/".join(str(v) for v in r["lengths"].values())
         note = "" if r["step_rows"] == r["batch"] else f" (step at {r['step_rows']} rows)"
         print(f"{label:<28}{r['task']:<34}{shape:<24}{r['first_s']:>8.2f}{r['batch'] / r['pipeline_s']:>10.0f}"
               f"{r['tokens'] / r['pipeline_s']:>11.0f}{r['tokens'] / r['step_s']:>11.0f}"
-              f"{r['step_s'] / r['pipeline_s']:>7.1f}{note}")  # fmt: skip
+              f"{r['step_s'] / r['pipeline_s']:>9.1f}{note}")  # fmt: skip
 
 
 STARTUP_LINE = re.compile(r"^Start-up: (?P<total>[\d.]+) s .*$", re.M)
