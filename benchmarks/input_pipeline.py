@@ -1,7 +1,7 @@
 """Input pipeline throughput against the train step's consumption, per objective; start-up to the first step.
 
     python benchmarks/input_pipeline.py [--batches 40] [--steps 5] [--only T5,BERT] [--t5_base]
-    python benchmarks/input_pipeline.py --startup [--startup_runs 1]
+    python benchmarks/input_pipeline.py --startup [--startup_runs 1] [--cold_cache] [--startup_binding B]
 
 Each row is one run configuration (a `gin_configs/runs/` demo, or the demo
 with another objective's task): its training dataset built as `ptmjax train`
@@ -20,8 +20,9 @@ targets 114, batch 128): its pipeline at batch 128, its step at
 `--startup` runs `ptmjax train` on the demo (runs/demo.gin) in subprocesses,
 into a fresh model folder: for 2 steps (a fresh run, with the JAX compilation
 cache cold or warm as found), again for 4 (a resumed run), and a fresh run in
-another folder (the cache now warm), and reports the seconds from the process start to the loop's
-'Start-up' line (printed when the first step is done) with its breakdown.
+another folder (the cache now warm), and reports the seconds from the process
+start to the loop's 'Start-up' line (printed when the first step is done) with
+its breakdown.
 `--cold_cache` points the runs at an empty compilation cache first;
 `--startup_binding` adds gin bindings to them.
 
