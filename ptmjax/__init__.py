@@ -2,9 +2,12 @@
 
 import importlib
 import os
+import time
 from typing import Any
 
 from ptmjax import quiet_tensorflow
+
+IMPORTED_AT = time.perf_counter()  # when the process first imported ptmjax: training's start-up line counts from it
 
 # XLA:CPU runs independent operations concurrently only with this scheduler;
 # it halves a T5 forward pass on a 2-core CPU (benchmarks/train_throughput.py).

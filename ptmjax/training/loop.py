@@ -33,20 +33,23 @@ from ptmjax.evaluation import results
 from ptmjax.evaluation.head_evaluator import evaluator_for
 from ptmjax.model_dir import ModelDir
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
-from ptmjax.training import multihost
+from ptmjax.training import compilation_cache, multihost
 from ptmjax.training.best_checkpoint import BestCheckpoint
 from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.training.compile_ahead import CompileAhead
 from ptmjax.training.damaged_checkpoints import restore_newest_intact
 from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.nonfinite import NonFiniteMonitor, NonFinitePolicy
 from ptmjax.training.optimizers import adafactor
+from ptmjax.training.prefetch import DevicePrefetcher
 from ptmjax.training.resume_check import check_resumable
 from ptmjax.training.run_lock import locks_model_dir
 from ptmjax.training.run_spec import RunSpec
 from ptmjax.training.saved_part import saved_part
 from ptmjax.training.split_check import check_run_splits
+from ptmjax.training.startup import StartupClock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +95,9 @@ def train(
     best_checkpoint_mode: str = "max",
     nonfinite_policy: NonFinitePolicy | None = None,
     trainable: Sequence[str] | None = None,
+    prefetch_batches: int = 2,
+    compilation_cache_dir: str | None = compilation_cache.AUTO,
+    compile_ahead: bool = False,
 ) -> TrainResult:
     """Pre-trains `model` on a seqio mixture; resumes from `model_dir`.
 
@@ -141,12 +147,29 @@ def train(
       trainable: regular expressions over parameter paths ('layers_3/.*',
         '.*/bias'); only the parameters they match train, the rest are frozen
         with no optimizer state (ptmjax/training/trainable.py). None trains all.
+      prefetch_batches: train batches a background thread reads and puts on
+        the devices ahead of the step (ptmjax/training/prefetch.py), so the
+        host's work overlaps the step's; 0: none, each batch is read and put
+        in the loop's thread. The batches and the data position are the same.
+      compilation_cache_dir: JAX's persistent compilation cache, which spares
+        a run started again (resumed, or the same run elsewhere) its compiles:
+        'auto' is $PTMJAX_COMPILATION_CACHE_DIR, else ~/.cache/ptmjax/
+        compilation_cache; None: off. A cache folder JAX already has is kept
+        (ptmjax/training/compilation_cache.py).
+      compile_ahead: with the compilation cache on, compile the train step
+        (and a fresh run's initialisation) in background threads while the
+        data is checked and read (ptmjax/training/compile_ahead.py): for hosts
+        with idle cores. Off by default: on a busy 2-core CPU it made a cold
+        start slower (docs/performance.md).
     """
+    startup = StartupClock("imports and gin")
     mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
     inference_eval_every = eval_every if inference_eval_every is None else inference_eval_every
     _check_positive(batch_size=batch_size, num_steps=num_steps, log_every=log_every, eval_every=eval_every,
                     checkpoint_every=checkpoint_every, inference_eval_every=inference_eval_every,
                     **({} if eval_batches is None else {"eval_batches": eval_batches}))  # fmt: skip
+    if isinstance(prefetch_batches, bool) or not isinstance(prefetch_batches, int) or prefetch_batches < 0:
+        raise ValueError(f"train.prefetch_batches={prefetch_batches!r} must be an int >= 0 (0: no prefetching)")
     if best_checkpoint_metric is not None and not inference_eval_tasks:
         raise ValueError(
             f"train.best_checkpoint_metric={best_checkpoint_metric!r} needs evaluations; set "
@@ -160,6 +183,7 @@ def train(
         schedule=schedule, loss_config=loss_config, mesh_config=mesh_config, num_microbatches=num_microbatches,
         pack=pack, trainable=trainable,
     )  # fmt: skip
+    cache = compilation_cache.use_compilation_cache(compilation_cache_dir)
     mesh = partitioning.make_mesh(spec.mesh_config)
     _check_vocabulary(model, mixture_or_task_name)
     trainer = spec.trainer(mesh)
@@ -168,7 +192,16 @@ def train(
         print(f"Training {count:,} of {total:,} parameter values ({count / total:.2%}); the rest are frozen")
     part = saved_part(folder, trainer, init_checkpoint, trainable is not None)
     check_resumable(folder, part.of(trainer.abstract_state))  # before config.gin is rewritten
-    check_run_splits(mixture_or_task_name, task_feature_lengths, trainer.api.family.feature_converter, pack)
+    # The first programs compile in threads while the data is checked and read; the loop's calls load them.
+    jobs = _compile_ahead_jobs(trainer, spec, seed, fresh=not folder.saved_steps()) if cache and compile_ahead else {}
+    ahead = CompileAhead(jobs)
+    validation_dataset = check_run_splits(
+        mixture_or_task_name, task_feature_lengths,
+        lambda: run_dataset(mixture_or_task_name, "validation", task_feature_lengths, batch_size,
+                            trainer.api.family.feature_converter, seed=seed, pack=pack, shuffle=False, num_epochs=1,
+                            pad_final_batch=True),
+    )  # fmt: skip
+    startup.mark("model and checks")
     os.makedirs(folder.path, exist_ok=True)
     checkpointer = folder.checkpointer(max_to_keep=keep_checkpoints)
     with contextlib.closing(checkpointer):  # closed on every way out, a failed restore included
@@ -188,6 +221,7 @@ def train(
             state = part.complete(saved, trainer)
             print(f"Resumed from step {int(state.step)} in {checkpointer.directory}")
         else:
+            ahead.wait("init")
             state, data_state = trainer.init_state(jax.random.key(seed)), {"batches_consumed": 0}
             if init_checkpoint is not None:
                 state = state.replace(params=initial_params(init_checkpoint, trainer, jax.random.key(seed)))
@@ -197,14 +231,11 @@ def train(
                       f"{part.base[0].path} (step {part.base[1]}), recorded in {folder.base_path}")  # fmt: skip
         start = int(state.step)
         log.truncate_after(start)
+        startup.mark("restored state" if start else "initial state")
 
         def host_dataset(split: str, **kwargs):
-            """This host's shard of a split, batched to its share of the global batch."""
-            return pipeline.get_dataset(
-                mixture_or_task_name, split, task_feature_lengths, batch_size // jax.process_count(),
-                seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
-                feature_converter=trainer.api.family.feature_converter, **kwargs,
-            )
+            return run_dataset(mixture_or_task_name, split, task_feature_lengths, batch_size,
+                               trainer.api.family.feature_converter, seed=seed, pack=pack, **kwargs)  # fmt: skip
 
         evaluators = [
             evaluator_for(
@@ -227,11 +258,12 @@ def train(
         train_iter = pipeline.ResumableIterator(
             lambda: host_dataset("train", shuffle=True), batches_consumed=data_state["batches_consumed"]
         )
+        # Its state() is the data position that checkpoints save: the batches taken, not those read ahead.
+        train_batches = DevicePrefetcher(train_iter, lambda b: partitioning.global_batch(b, mesh), prefetch_batches)
 
         def evaluate(params) -> dict[str, float]:
-            dataset = host_dataset("validation", shuffle=False, num_epochs=1, pad_final_batch=True)
-            shapes = {name: tuple(spec.shape) for name, spec in dataset.element_spec.items()}
-            batches = itertools.islice(dataset.as_numpy_iterator(), eval_batches)
+            shapes = {name: tuple(spec.shape) for name, spec in validation_dataset.element_spec.items()}
+            batches = itertools.islice(validation_dataset.as_numpy_iterator(), eval_batches)
             total = None
             for batch in multihost.batches_in_lockstep(batches, shapes):
                 stats = trainer.eval_stats(params, partitioning.global_batch(batch, mesh))
@@ -245,15 +277,15 @@ def train(
         tokens_per_step = None  # the model's input tokens per global batch, read off the first batch
         train_loss, eval_metrics, task_metrics, preempted = None, {}, {}, False
         last_time, last_step = None, start  # timing starts once the first step (and its compile) is done
-        with multihost.stop_on_sigterm() as stop_after, tqdm(
+        with train_batches, multihost.stop_on_sigterm() as stop_after, tqdm(
             total=num_steps, initial=start, disable=not (show_progress and primary), unit="step", dynamic_ncols=True
         ) as bar:
             for step in range(start, num_steps):
-                host_batch = next(train_iter)
-                if tokens_per_step is None:
-                    fields = trainer.api.family.init_fields
-                    tokens_per_step = sum(host_batch[name].size for name in fields) * jax.process_count()
-                batch = partitioning.global_batch(host_batch, mesh)
+                batch = next(train_batches)
+                if tokens_per_step is None:  # global arrays: their size counts every host's rows
+                    tokens_per_step = sum(batch[name].size for name in trainer.api.family.init_fields)
+                    startup.mark("train data")
+                    ahead.wait("train step")
                 state, metrics = trainer.train_step(state, batch, dropout_rng)
                 done = step + 1
                 nonfinite.add(done, metrics)
@@ -262,6 +294,9 @@ def train(
                 if last_time is None:  # the first step compiled: step times start after it
                     jax.block_until_ready(metrics)
                     last_time, last_step = time.perf_counter(), done
+                    startup.mark("first step")
+                    if primary:
+                        bar.write(startup.line())
                 if done % log_every == 0 or done == num_steps:
                     nonfinite.check()
                     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -276,7 +311,7 @@ def train(
                     bar.set_postfix(loss=f"{train_loss:.3f}", **speed)
                 stop = stop_after(done)
                 if done % checkpoint_every == 0 or done == num_steps or stop:  # before evaluating, which may fail
-                    _save_if_finite(checkpointer, nonfinite, done, part.of(state), train_iter.state())
+                    _save_if_finite(checkpointer, nonfinite, done, part.of(state), train_batches.state())
                 if done % eval_every == 0 or done == num_steps:
                     eval_start = time.perf_counter()
                     eval_metrics = evaluate(state.params)
@@ -313,6 +348,29 @@ def train(
         files["best"] = best.folder.path
     eval_metrics = {**eval_metrics, **{f"eval_{k}": v for k, v in task_metrics.items()}}
     return TrainResult(model_dir, final_step, train_loss, eval_metrics, preempted, files)
+
+
+def run_dataset(
+    mixture_or_task_name: str, split: str, task_feature_lengths: Mapping[str, int], batch_size: int,
+    feature_converter: type[seqio.FeatureConverter], *, seed: int, pack: bool, **kwargs,
+):  # fmt: skip
+    """This host's shard of a split, batched to its share of the global `batch_size`: what `train` reads
+    (with `shuffle=True` for 'train'; `benchmarks/input_pipeline.py` times it). kwargs go to `pipeline.get_dataset`."""
+    return pipeline.get_dataset(
+        mixture_or_task_name, split, task_feature_lengths, batch_size // jax.process_count(),
+        seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
+        feature_converter=feature_converter, **kwargs,
+    )
+
+
+def _compile_ahead_jobs(trainer, spec: RunSpec, seed: int, fresh: bool) -> dict[str, Callable[[], None]]:
+    """What `train` compiles ahead: the train step, and for a fresh run the state's initialisation, with the
+    arguments `train` calls them with."""
+    jobs = {"train step": lambda: trainer.compile_train_step(spec.abstract_batch(trainer.batch_sharding),
+                                                             jax.random.key(seed + 1))}  # fmt: skip
+    if fresh:
+        jobs["init"] = lambda: trainer.compile_init_state(jax.random.key(seed))
+    return jobs
 
 
 def run_spec_from_gin() -> RunSpec:

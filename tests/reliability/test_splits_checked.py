@@ -74,3 +74,19 @@ def test_zero_eval_batches_is_named_before_anything_is_built(tmp_path):
     with pytest.raises(ValueError, match=r"^train.eval_batches=0: must be a positive integer \(eval_batches may be "):
         run(tmp_path / "run", num_steps=2, eval_batches=0)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_validation_check_reads_the_whole_split_not_this_hosts_shard(tmp_path):
+    """A host whose validation shard is empty still runs: evaluation pads it (multihost.batches_in_lockstep)."""
+    from ptmjax.data import pipeline
+    from ptmjax.training.split_check import check_run_splits
+
+    task = text_task(tmp_path, "reliability_b_one_validation_line", "The only validation line of this corpus.")
+    lengths = {"inputs": 32, "targets": 8}
+
+    def second_hosts_shard():
+        return pipeline.get_dataset(task.name, "validation", lengths, 4, seed=0, shuffle=False, num_epochs=1,
+                                    shard_index=1, num_shards=2, pad_final_batch=True)  # fmt: skip
+
+    validation = check_run_splits(task.name, lengths, second_hosts_shard)
+    assert list(validation.as_numpy_iterator()) == []  # that shard is empty, and the check let the run go on
