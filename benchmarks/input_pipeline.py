@@ -186,7 +186,7 @@ def main() -> None:
     parser.add_argument("--startup_runs", type=int, default=1)
     parser.add_argument("--cold_cache", action="store_true", help="--startup with an empty compilation cache")
     parser.add_argument("--startup_binding", action="append", default=[],
-                        help="--startup: a gin binding for the runs, e.g. 'train.compile_ahead = True' (repeatable)")
+                        help="--startup: a gin binding for the runs, e.g. 'train.prefetch_batches = 0' (repeatable)")
     args = parser.parse_args()
 
     if args.startup:

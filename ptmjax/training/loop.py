@@ -36,7 +36,6 @@ from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 from ptmjax.training import compilation_cache, multihost
 from ptmjax.training.best_checkpoint import BestCheckpoint
 from ptmjax.training.checkpoints import Checkpointer
-from ptmjax.training.compile_ahead import CompileAhead
 from ptmjax.training.damaged_checkpoints import restore_newest_intact
 from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.losses import LossConfig
@@ -97,7 +96,6 @@ def train(
     trainable: Sequence[str] | None = None,
     prefetch_batches: int = 2,
     compilation_cache_dir: str | None = compilation_cache.AUTO,
-    compile_ahead: bool = False,
 ) -> TrainResult:
     """Pre-trains `model` on a seqio mixture; resumes from `model_dir`.
 
@@ -156,11 +154,6 @@ def train(
         'auto' is $PTMJAX_COMPILATION_CACHE_DIR, else ~/.cache/ptmjax/
         compilation_cache; None: off. A cache folder JAX already has is kept
         (ptmjax/training/compilation_cache.py).
-      compile_ahead: with the compilation cache on, compile the train step
-        (and a fresh run's initialisation) in background threads while the
-        data is checked and read (ptmjax/training/compile_ahead.py): for hosts
-        with idle cores. Off by default: on a busy 2-core CPU it made a cold
-        start slower (docs/performance.md).
     """
     startup = StartupClock("imports and gin")
     mixture_or_task_name = getattr(mixture_or_task_name, "name", mixture_or_task_name)
@@ -183,7 +176,7 @@ def train(
         schedule=schedule, loss_config=loss_config, mesh_config=mesh_config, num_microbatches=num_microbatches,
         pack=pack, trainable=trainable,
     )  # fmt: skip
-    cache = compilation_cache.use_compilation_cache(compilation_cache_dir)
+    compilation_cache.use_compilation_cache(compilation_cache_dir)
     mesh = partitioning.make_mesh(spec.mesh_config)
     _check_vocabulary(model, mixture_or_task_name)
     trainer = spec.trainer(mesh)
@@ -192,9 +185,6 @@ def train(
         print(f"Training {count:,} of {total:,} parameter values ({count / total:.2%}); the rest are frozen")
     part = saved_part(folder, trainer, init_checkpoint, trainable is not None)
     check_resumable(folder, part.of(trainer.abstract_state))  # before config.gin is rewritten
-    # The first programs compile in threads while the data is checked and read; the loop's calls load them.
-    jobs = _compile_ahead_jobs(trainer, spec, seed, fresh=not folder.saved_steps()) if cache and compile_ahead else {}
-    ahead = CompileAhead(jobs)
     validation_dataset = check_run_splits(
         mixture_or_task_name, task_feature_lengths,
         lambda: run_dataset(mixture_or_task_name, "validation", task_feature_lengths, batch_size,
@@ -221,7 +211,6 @@ def train(
             state = part.complete(saved, trainer)
             print(f"Resumed from step {int(state.step)} in {checkpointer.directory}")
         else:
-            ahead.wait("init")
             state, data_state = trainer.init_state(jax.random.key(seed)), {"batches_consumed": 0}
             if init_checkpoint is not None:
                 state = state.replace(params=initial_params(init_checkpoint, trainer, jax.random.key(seed)))
@@ -285,7 +274,6 @@ def train(
                 if tokens_per_step is None:  # global arrays: their size counts every host's rows
                     tokens_per_step = sum(batch[name].size for name in trainer.api.family.init_fields)
                     startup.mark("train data")
-                    ahead.wait("train step")
                 state, metrics = trainer.train_step(state, batch, dropout_rng)
                 done = step + 1
                 nonfinite.add(done, metrics)
@@ -361,16 +349,6 @@ def run_dataset(
         seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
         feature_converter=feature_converter, **kwargs,
     )
-
-
-def _compile_ahead_jobs(trainer, spec: RunSpec, seed: int, fresh: bool) -> dict[str, Callable[[], None]]:
-    """What `train` compiles ahead: the train step, and for a fresh run the state's initialisation, with the
-    arguments `train` calls them with."""
-    jobs = {"train step": lambda: trainer.compile_train_step(spec.abstract_batch(trainer.batch_sharding),
-                                                             jax.random.key(seed + 1))}  # fmt: skip
-    if fresh:
-        jobs["init"] = lambda: trainer.compile_init_state(jax.random.key(seed))
-    return jobs
 
 
 def run_spec_from_gin() -> RunSpec:

@@ -91,29 +91,14 @@ class Trainer:
 
     def init_state(self, rng: jax.Array) -> TrainState:
         """A fresh state, created directly in its sharded layout."""
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            return self._jitted_init()(rng)
 
-    def _jitted_init(self) -> Any:
         @functools.partial(jax.jit, out_shardings=self.state_shardings)
         def init(rng):
             params = nn.unbox(self.api.init(rng))
             return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
 
-        return init
-
-    def compile_init_state(self, rng: jax.Array) -> None:
-        """Compiles `init_state`'s program for `rng` without running it: with JAX's persistent compilation
-        cache on, `init_state` then loads it from the cache (ptmjax/training/compile_ahead.py)."""
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            self._jitted_init().lower(rng).compile()
-
-    def compile_train_step(self, batch: dict[str, jax.ShapeDtypeStruct], rng: jax.Array) -> None:
-        """Compiles the train step for the state and `batch` (ShapeDtypeStructs with the batch sharding, e.g.
-        `RunSpec.abstract_batch`) without running it, as `compile_init_state` does for the initialisation."""
-        state = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-                             self.abstract_state, self.state_shardings)  # fmt: skip
-        self.lower_train_step(state, batch, rng).compile()
+            return init(rng)
 
     def init_around(self, rng: jax.Array, present: Any) -> Any:
         """The parameters: `present` (some of them, laid out as the trainer's) and the rest initialised around
