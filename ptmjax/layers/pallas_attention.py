@@ -49,35 +49,62 @@ def _padded(length: int) -> int:
     return -(-length // BLOCK) * BLOCK
 
 
-def _kernel(query: Array, key: Array, value: Array, ab: Array) -> Array:
-    """The Mosaic kernel on [b, h, len, d] arrays whose lengths are multiples of BLOCK."""
+def _blocks(query: Array, key: Array) -> tpu_flash.BlockSizes:
     (batch, heads, num_queries, head_dim), num_keys = query.shape, key.shape[2]
-    blocks = tpu_flash.BlockSizes.get_default(batch, heads, num_queries, num_keys, head_dim)
-    return tpu_flash.flash_attention(query, key, value, ab, sm_scale=1.0, block_sizes=blocks)
+    return tpu_flash.BlockSizes.get_default(batch, heads, num_queries, num_keys, head_dim)
 
 
-@jax.custom_vjp
-def _interpreted(query: Array, key: Array, value: Array, ab: Array) -> Array:
-    """`_kernel` in TPU interpret mode. The kernel's backward pass is traced when the gradient is,
-    after the forward pass's `force_tpu_interpret_mode` has ended, so this VJP enters it again."""
-    with pltpu.force_tpu_interpret_mode():
-        return _kernel(query, key, value, ab)
+def _forward(query: Array, key: Array, value: Array, ab: Array) -> tuple[Array, Array, Array]:
+    """The kernel's forward pass on [b, h, len, d] arrays whose lengths are multiples of BLOCK: the
+    context and the softmax statistics l and m [b, h, q] its backward pass needs."""
+    return tpu_flash._flash_attention(query, key, value, ab, None, True, False, 1.0, _blocks(query, key), False)
 
 
-def _interpreted_fwd(query: Array, key: Array, value: Array, ab: Array):
-    with pltpu.force_tpu_interpret_mode():
-        return jax.vjp(_kernel, query, key, value, ab)
+def _backward(query: Array, key: Array, value: Array, ab: Array, out: Array, sums: Array, maxes: Array, d_out: Array):
+    """The kernel's backward pass: gradients of query, key, value and ab."""
+    residuals = (query, key, value, ab, None, out, sums, maxes)
+    return tpu_flash._flash_attention_bwd(False, False, 1.0, _blocks(query, key), False, residuals, d_out)[:4]
 
 
-def _interpreted_bwd(vjp, d_out: Array):
-    with pltpu.force_tpu_interpret_mode():
-        return vjp(d_out)
+def _run(fn, how, num_outputs: int):
+    """`fn` per device under `jax.shard_map` when `how` has a mesh, in TPU interpret mode when it says so."""
+    interpret, mesh, spec = how
+
+    def run(*args):
+        if interpret:
+            with pltpu.force_tpu_interpret_mode():
+                return fn(*args)
+        return fn(*args)
+
+    if mesh is None:
+        return run
+    stats = jax.sharding.PartitionSpec(*spec[:3])  # l and m [b, h, q]
+    in_specs = (spec,) * 5 + (stats, stats, spec) if num_outputs == 4 else (spec,) * 4
+    out_specs = (spec,) * 4 if num_outputs == 4 else (spec, stats, stats)
+    return jax.shard_map(run, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
-_interpreted.defvjp(_interpreted_fwd, _interpreted_bwd)
+# The VJP is defined here, outside `shard_map`, rather than by the kernel's own custom VJP inside it: its
+# residuals are then the layer's own arrays (the bias one stack's layers share) instead of per-layer copies
+# that a `shard_map` returns, and its backward pass is traced inside interpret mode when that is on.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(query: Array, key: Array, value: Array, ab: Array, how) -> Array:
+    return _run(_forward, how, 3)(query, key, value, ab)[0]
 
 
-def _padded_attention(query: Array, key: Array, value: Array, ab: Array, interpret: bool) -> Array:
+def _attention_fwd(query: Array, key: Array, value: Array, ab: Array, how):
+    out, sums, maxes = _run(_forward, how, 3)(query, key, value, ab)
+    return out, (query, key, value, ab, out, sums, maxes)
+
+
+def _attention_bwd(how, residuals, d_out: Array):
+    return tuple(_run(_backward, how, 4)(*residuals, d_out))
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _padded_attention(query: Array, key: Array, value: Array, ab: Array, how) -> Array:
     """[b, h, q, d], [b, h, k, d] x2, ab [b, h, q, k] -> [b, h, q, d]: pads, runs the kernel, slices."""
     num_queries, num_keys = query.shape[2], key.shape[2]
     pad_q, pad_k = _padded(num_queries) - num_queries, _padded(num_keys) - num_keys
@@ -86,7 +113,7 @@ def _padded_attention(query: Array, key: Array, value: Array, ab: Array, interpr
         key, value = (jnp.pad(x, ((0, 0), (0, 0), (0, pad_k), (0, 0))) for x in (key, value))
         ab = jnp.pad(ab, ((0, 0), (0, 0), (0, pad_q), (0, 0)))
         ab = jnp.pad(ab, ((0, 0), (0, 0), (0, 0), (0, pad_k)), constant_values=PAD_KEY_BIAS)
-    return (_interpreted if interpret else _kernel)(query, key, value, ab)[:, :, :num_queries]
+    return _attention(query, key, value, ab, how)[:, :, :num_queries]
 
 
 def target_platform() -> str:
@@ -108,10 +135,9 @@ def tpu_flash_attention(query: Array, key: Array, value: Array, bias: Array | No
     batch, heads, num_queries, _ = query.shape
     shape = (batch, heads, num_queries, key.shape[2])
     ab = jnp.zeros(shape, query.dtype) if bias is None else jnp.broadcast_to(jnp.asarray(bias, query.dtype), shape)
-    attend = functools.partial(_padded_attention, interpret=platform == "cpu")
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return attend(query, key, value, ab)
-    spec = jax.sharding.PartitionSpec(*nn.logical_to_mesh_axes(("activation_batch", "activation_heads")), None, None)
-    sharded = jax.shard_map(attend, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec, check_vma=False)
-    return sharded(query, key, value, ab)
+    spec = None
+    if not mesh.empty:
+        batch_and_heads = nn.logical_to_mesh_axes(("activation_batch", "activation_heads"))
+        spec = jax.sharding.PartitionSpec(*batch_and_heads, None, None)
+    return _padded_attention(query, key, value, ab, (platform == "cpu", None if mesh.empty else mesh, spec))
