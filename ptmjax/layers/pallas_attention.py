@@ -24,9 +24,12 @@ machine without a TPU. GPUs are refused: use 'cudnn' or 'xla' there. (`jax.lax.p
 cannot choose instead: interpret mode's callbacks are ordered effects, and lowering the TPU branch
 alone then fails with "Lowering rule for `cond` returns incorrect set of output tokens".)
 
-Sharding. A Pallas call is opaque to XLA's partitioner, so under a mesh it runs in `jax.shard_map`
-over the mesh axes that the logical rules give the batch ('activation_batch') and the heads
-('activation_heads'); lengths and head_dim stay whole on every device.
+Sharding. A Pallas call is opaque to XLA's partitioner, so under a mesh the kernel runs in
+`jax.shard_map` over the mesh axes that the logical rules give the batch ('activation_batch') and
+the heads ('activation_heads'); lengths and head_dim stay whole on every device. The VJP is this
+module's (`_attention`), around the kernel's forward pass (`_flash_attention` with its softmax
+statistics) and backward pass (`_flash_attention_bwd`), which are private functions of the kernel
+module: jax is pinned to 0.10.x (setup.py), and the tests exercise both.
 """
 
 from __future__ import annotations
