@@ -93,10 +93,12 @@ def _rows() -> list[Row]:
             name = f"t5_large_v5e_2x2_{policy}" + ("_scan" if scan else "")
             rows.append(Row(name, "t5_1_1_large", "v5e:2x2", "fsdp", options, table="remat_scan"))
     # Each kernel option with and without it (table "kernels"), on small slices so that a row compiles in minutes.
-    long = ("train.task_feature_lengths = {'inputs': 2048, 'targets': 2048}", "train.batch_size = 4")
-    for kernel in ("einsum", "pallas_tpu_flash"):  # T5 base at length 2048, one sequence per device
-        rows.append(Row(f"t5_base_2048_{kernel}", "t5_1_1_base", "v5e:2x2", "fsdp",
-                        (*long, f"T5Config.attention_kernel = '{kernel}'"), table="kernels"))
+    long = "train.task_feature_lengths = {'inputs': 2048, 'targets': 2048}"
+    for batch in (4, 8):  # T5 base at length 2048, one or two sequences per device
+        for kernel in ("einsum", "pallas_tpu_flash"):
+            rows.append(Row(f"t5_base_2048_{kernel}" + ("_b8" if batch == 8 else ""), "t5_1_1_base", "v5e:2x2", "fsdp",
+                            (long, f"train.batch_size = {batch}", f"T5Config.attention_kernel = '{kernel}'"),
+                            table="kernels"))
     for dropless in (False, True):  # Switch-Base-16, experts over the 16 chips of v5e:4x4
         rows.append(Row("switch_base_16_v5e_4x4" + ("_dropless" if dropless else ""), "switch_base_16", "v5e:4x4",
                         "fsdp", ("MeshConfig.expert = 16", f"T5Config.moe_dropless = {dropless}"), table="kernels"))
