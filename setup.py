@@ -14,6 +14,8 @@ CORE = [
     "tensorflow-text>=2.21.1,<2.22",
     "tensorflow-datasets>=4.9.10,<4.10",
     "sentencepiece>=0.2.1,<0.3",
+    # Byte-level BPE and WordPiece vocabularies of imported models (ptmjax/data/hf_tokenizer_vocabulary.py).
+    "tokenizers>=0.23,<0.24",
     "tensorboard>=2.21,<2.22",
     "matplotlib>=3.9,<4",
     "tqdm>=4.66,<5",

@@ -41,7 +41,8 @@ RESULTS = DOCS / "aot_compile.json"
 TABLE = DOCS / "aot_compile.md"
 END = "<!-- end of table -->"
 BEGIN = {"models": "<!-- table: benchmarks/aot_compile_table.py -->",
-         "remat_scan": "<!-- table: benchmarks/aot_compile_table.py remat_scan -->"}
+         "remat_scan": "<!-- table: benchmarks/aot_compile_table.py remat_scan -->",
+         "kernels": "<!-- table: benchmarks/aot_compile_table.py kernels -->"}
 RUN = "runs/pretrain.gin"  # T5's pre-training setting: batch 128, inputs 512, targets 114, Adafactor
 BF16_REMAT = ("T5Config.dtype = 'bfloat16'", "T5Config.remat_policy = 'full'")
 
@@ -91,6 +92,21 @@ def _rows() -> list[Row]:
             options = (f"T5Config.remat_policy = '{policy}'", f"T5Config.scan_layers = {scan}", "train.batch_size = 32")
             name = f"t5_large_v5e_2x2_{policy}" + ("_scan" if scan else "")
             rows.append(Row(name, "t5_1_1_large", "v5e:2x2", "fsdp", options, table="remat_scan"))
+    # Each kernel option with and without it (table "kernels"), on small slices so that a row compiles in minutes.
+    long = "train.task_feature_lengths = {'inputs': 2048, 'targets': 2048}"
+    for batch in (4, 8):  # T5 base at length 2048, one or two sequences per device
+        for kernel in ("einsum", "pallas_tpu_flash"):
+            rows.append(Row(f"t5_base_2048_{kernel}" + ("_b8" if batch == 8 else ""), "t5_1_1_base", "v5e:2x2", "fsdp",
+                            (long, f"train.batch_size = {batch}", f"T5Config.attention_kernel = '{kernel}'"),
+                            table="kernels"))
+    for dropless in (False, True):  # Switch-Base-16, experts over the 16 chips of v5e:4x4
+        rows.append(Row("switch_base_16_v5e_4x4" + ("_dropless" if dropless else ""), "switch_base_16", "v5e:4x4",
+                        "fsdp", ("MeshConfig.expert = 16", f"T5Config.moe_dropless = {dropless}"), table="kernels"))
+    mt5 = ("T5Config.vocab_size = 250112", "train.task_feature_lengths = {'inputs': 1024, 'targets': 256}",
+           "train.batch_size = 32")  # an mT5-base-like vocabulary on T5 v1.1 base
+    for chunk in (None, 64):
+        rows.append(Row("t5_base_250k_vocab" + (f"_chunk{chunk}" if chunk else ""), "t5_1_1_base", "v5e:2x2", "fsdp",
+                        (*mt5, f"LossConfig.logits_chunk_size = {chunk}"), table="kernels"))
     return rows
 
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from ptmjax.layers.common import DType
 from ptmjax.layers.dense import Dense
+from ptmjax.layers.pallas_attention import tpu_flash_attention
 
 Array = jax.Array
 
@@ -31,8 +32,10 @@ KV_AXES = ("activation_batch", "activation_heads", "activation_length", "activat
 NEG_INF = -1e10  # finite, so a fully masked row gives a uniform softmax instead of NaN
 # How attention probabilities and context are computed: 'einsum' (the reference) spells them out;
 # 'xla' and 'cudnn' call `jax.nn.dot_product_attention` with that implementation (cuDNN's fused
-# flash attention needs a GPU and bfloat16 or float16 activations).
-ATTENTION_KERNELS = ("einsum", "xla", "cudnn")
+# flash attention needs a GPU and bfloat16 or float16 activations); 'pallas_tpu_flash' calls JAX's
+# Pallas TPU flash-attention kernel (ptmjax/layers/pallas_attention.py: compiled on TPU, interpreted
+# on CPU, slowly, for tests).
+ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "pallas_tpu_flash")
 
 
 def pairwise_mask(query_valid: Array, key_valid: Array) -> Array:
@@ -162,8 +165,9 @@ class MultiHeadAttention(nn.Module):
     Attention probabilities are sown into 'intermediates' as `attention_weights`
     [b, heads, q, k]; apply with `mutable=['intermediates']` to read them.
     `attention_kernel` (one of ATTENTION_KERNELS): other than 'einsum', `jax.nn.dot_product_attention`
-    computes the context with `bias` added to the logits; it sows no weights and has no dropout
-    on the probabilities, so it refuses `enable_dropout` with `dropout_rate` > 0.
+    ('xla', 'cudnn') or the Pallas TPU flash-attention kernel ('pallas_tpu_flash') computes the
+    context with `bias` added to the logits; they sow no weights and have no dropout on the
+    probabilities, so they refuse `enable_dropout` with `dropout_rate` > 0.
 
     Decoding (`cache` given, apply with `mutable=['cache']`): self-attention
     writes the call's keys and values at `cache.index` of a [b, heads,
@@ -218,7 +222,10 @@ class MultiHeadAttention(nn.Module):
         key, value, bias = self.attended(key, value, bias)
         if self.scale_logits:
             query = query * jnp.asarray(self.head_dim**-0.5, query.dtype)
-        if self.attention_kernel == "einsum":
+        # 'pallas_tpu_flash' initialises through the einsum path: init needs only the shapes, and on CPU the
+        # kernel's interpret mode (callbacks that run JAX) can deadlock against flax's eager parameter init.
+        kernel = self.attention_kernel
+        if kernel == "einsum" or (kernel == "pallas_tpu_flash" and self.is_initializing()):
             logits = jnp.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
             if bias is not None:
                 logits = logits + jnp.asarray(bias, logits.dtype)
@@ -252,14 +259,16 @@ class MultiHeadAttention(nn.Module):
         self, query: Array, key: Array, value: Array, bias: Array | None, enable_dropout: bool
     ) -> Array:
         """query [b, q, h, d], head-major key and value [b, h, k, d] -> context [b, q, h, d]
-        by `jax.nn.dot_product_attention` (logits not scaled again: T5 folds the scale into the
-        query kernel, `scale_logits` scaled the query above)."""
+        by `jax.nn.dot_product_attention` or the Pallas TPU kernel (logits not scaled again: T5
+        folds the scale into the query kernel, `scale_logits` scaled the query above)."""
         if enable_dropout and self.dropout_rate > 0:
             raise ValueError(
                 f"attention_kernel={self.attention_kernel!r} has no dropout on attention probabilities but "
                 f"'{self.name}' has dropout_rate={self.dropout_rate}; set the attention dropout rate to 0 or "
                 "use attention_kernel='einsum'"
             )
+        if self.attention_kernel == "pallas_tpu_flash":
+            return jnp.swapaxes(tpu_flash_attention(jnp.swapaxes(query, 1, 2), key, value, bias), 1, 2)
         batch, num_queries, num_keys = query.shape[0], query.shape[1], key.shape[2]
         if bias is not None:
             bias = jnp.broadcast_to(jnp.asarray(bias, query.dtype), (batch, bias.shape[1], num_queries, num_keys))

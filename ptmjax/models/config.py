@@ -24,8 +24,9 @@ class ModelConfig(LayerStackConfig):
     layer_norm_epsilon: of every norm.
     dtype: activation/compute dtype ('float32' or 'bfloat16'); param_dtype: storage dtype.
     remat_policy, scan_layers: how the layer stacks run (LayerStackConfig).
-    attention_kernel: 'einsum' (the reference), or 'xla' / 'cudnn' for `jax.nn.dot_product_attention`
-      with that implementation (ptmjax/layers/attention.py's ATTENTION_KERNELS).
+    attention_kernel: 'einsum' (the reference), 'xla' / 'cudnn' for `jax.nn.dot_product_attention`
+      with that implementation, or 'pallas_tpu_flash' for JAX's Pallas TPU flash-attention kernel
+      (interpreted on CPU) (ptmjax/layers/attention.py's ATTENTION_KERNELS).
 
     The activation is not among them: T5 names a tuple (`ffn_activations`,
     gated or not), the others one function (`activation`, see `check_activation`).
