@@ -15,9 +15,11 @@ its HLO, so the step's HLO classifies it:
 - pass: 'forward' (JAX's `jvp`), 'backward' (`transpose(jvp)`), or
   'update and rest' (the optimizer, the loss glue, the step's bookkeeping).
 
-Times are CPU time summed over XLA's threads (two threads busy at once count
-twice), per step; the wall time of a step is printed beside them. Prints
-tables (by kind and pass, and the 15 costliest operations); asserts nothing.
+Times are the operations' durations per step, summed: an operation that
+runs on both cores counts once, two operations that run at the same time
+(XLA's concurrency-optimised scheduler) both count, so the sum can exceed
+the step's wall time, which is printed beside it. Prints tables (by kind and
+pass, and the 15 costliest operations); asserts nothing.
 """
 
 from __future__ import annotations
@@ -141,15 +143,15 @@ def main() -> None:
     total = sum(by_kind.values())
     passes = ("forward", "backward", "update and rest")
     print(f"{train_throughput.TITLES[args.model]}, batch {args.batch}: wall {wall * 1e3:.0f} ms per step; XLA "
-          f"operations {total:.0f} ms of CPU time per step on {os.cpu_count()} cores\n")
+          f"operations {total:.0f} ms per step, summed, on {os.cpu_count()} cores\n")
     kinds = sorted({kind for kind, _ in by_kind}, key=lambda k: -sum(by_kind[(k, p)] for p in passes))
-    print(f"{'kind (CPU ms per step)':<28}" + "".join(f"{p:>17}" for p in passes) + f"{'total':>10}{'share':>8}")
+    print(f"{'kind (ms per step)':<28}" + "".join(f"{p:>17}" for p in passes) + f"{'total':>10}{'share':>8}")
     for kind in kinds:
         row = [by_kind[(kind, p)] for p in passes]
         print(f"{kind:<28}" + "".join(f"{v:>17.1f}" for v in row) + f"{sum(row):>10.1f}{sum(row) / total:>8.1%}")
     column = [sum(by_kind[(k, p)] for k in kinds) for p in passes]
     print(f"{'all':<28}" + "".join(f"{v:>17.1f}" for v in column) + f"{total:>10.1f}{1:>8.1%}\n")
-    print(f"{'costliest operations':<40}{'kind':<26}{'pass':<17}{'CPU ms per step':>16}")
+    print(f"{'costliest operations':<40}{'kind':<26}{'pass':<17}{'ms per step':>16}")
     for name, ms in by_name.most_common(15):
         kind, pass_ = operations[name]
         print(f"{name[:39]:<40}{kind:<26}{pass_:<17}{ms:>16.1f}")
