@@ -30,6 +30,9 @@ def train(run_file: str, model_dir, *bindings: str) -> None:
         gin.clear_config()
 
 
+pytestmark = pytest.mark.slow  # two gin training runs (about 45 s of CPU); LoRA's parts are tested by default
+
+
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")

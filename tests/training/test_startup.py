@@ -65,6 +65,7 @@ def two_processes(tmp_path_factory):
     return folder, reports
 
 
+@pytest.mark.slow  # two fresh processes, each importing TensorFlow and compiling
 def test_auto_is_ptmjax_compilation_cache_dir_and_a_run_started_again_compiles_nothing(two_processes):
     folder, (first, again) = two_processes
     assert first["before"] is None and first["in_use"] == str(folder / "cache")
@@ -72,6 +73,7 @@ def test_auto_is_ptmjax_compilation_cache_dir_and_a_run_started_again_compiles_n
     assert again["entries"] == first["entries"] and again["misses"] == 0 and again["hits"] >= 2
 
 
+@pytest.mark.slow
 def test_training_imports_neither_torch_nor_transformers(two_processes):
     assert two_processes[1][0]["modules"] == []
 
