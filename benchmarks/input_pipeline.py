@@ -41,9 +41,11 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gin  # noqa: E402
 import jax  # noqa: E402
+import train_throughput  # noqa: E402
 
 from ptmjax import partitioning  # noqa: E402
 from ptmjax.gin_files import parse_gin  # noqa: E402
@@ -106,17 +108,7 @@ def measure(gin_files: list[str], bindings: list[str], batches: int, steps: int,
     rows = step_batch or spec.batch_size
     state = trainer.init_state(jax.random.key(0))
     batch = partitioning.global_batch({k: v[:rows] for k, v in first.items()}, mesh)
-    rng = jax.random.key(1)
-    start = time.perf_counter()
-    state, metrics = trainer.train_step(state, batch, rng)
-    jax.block_until_ready(metrics)
-    compile_s = time.perf_counter() - start
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        state, metrics = trainer.train_step(state, batch, rng)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - start)
+    compile_s, times, _ = train_throughput.timed_steps(trainer, state, batch, steps)
     step_s = statistics.median(times) * spec.batch_size / rows  # per full batch
     return {
         "task": name, "batch": spec.batch_size, "lengths": spec.task_feature_lengths, "tokens": tokens,

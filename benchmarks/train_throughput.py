@@ -105,17 +105,21 @@ def time_ptmjax(batch: dict[str, np.ndarray], steps: int, model: str = "t5") -> 
     """Each step's seconds, and the loss of the last step."""
     trainer = make_trainer(model)
     state = trainer.init_state(jax.random.key(0))
-    global_batch = partitioning.global_batch(batch, trainer.mesh)
+    _, times, metrics = timed_steps(trainer, state, partitioning.global_batch(batch, trainer.mesh), steps)
+    return times, float(metrics["loss"])
+
+
+def timed_steps(trainer: Trainer, state: Any, batch: dict[str, Any], steps: int) -> tuple[float, list[float], Any]:
+    """The seconds of a first (compiling) step on `batch`, of each of `steps` steps after it, and the last step's
+    metrics."""
     rng = jax.random.key(1)
-    state, metrics = trainer.train_step(state, global_batch, rng)  # compile
-    jax.block_until_ready(metrics)
     times = []
-    for _ in range(steps):
+    for _ in range(steps + 1):
         start = time.perf_counter()
-        state, metrics = trainer.train_step(state, global_batch, rng)
+        state, metrics = trainer.train_step(state, batch, rng)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
-    return times, float(metrics["loss"])
+    return times[0], times[1:], metrics
 
 
 def hf_model(model: str) -> Any:
