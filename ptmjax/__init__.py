@@ -5,7 +5,7 @@ import os
 import time
 from typing import Any
 
-from ptmjax import quiet_tensorflow
+from ptmjax import host_malloc, quiet_tensorflow
 
 IMPORTED_AT = time.perf_counter()  # when the process first imported ptmjax: training's start-up line counts from it
 
@@ -18,6 +18,7 @@ if _CPU_SCHEDULER_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_CPU_SCHEDULER_FLAG}=true".strip()
 
 
+host_malloc.install()  # before JAX or TensorFlow start threads
 quiet_tensorflow.install()
 
 
