@@ -1,23 +1,33 @@
 """Training throughput and MFU of T5-small or GPT-2 small, against Hugging Face PyTorch.
 
-    python benchmarks/train_throughput.py [--model t5|gpt2] [--steps 5] [--batch 8] [--inputs 512]
-        [--targets 114]
+    python benchmarks/train_throughput.py [--model t5|gpt2] [--dtype float32|bfloat16] [--steps 5] [--batch 8]
+        [--inputs 512] [--targets 114]
 
-Both frameworks train the same configuration with dropout off, float32 and
-AdamW, on the same random token batch, on this machine's CPU, in one run:
-T5 v1.0 small (60M parameters) on `--inputs` and `--targets` tokens, or
-GPT-2 small (124M) on `--inputs` tokens, each predicting the next (the last
-position has no target, as in transformers' shifted labels). Model FLOP
-utilisation divides the model's FLOPs per second by this machine's matmul
-peak: the best float32 2048x2048 matmul that JAX, NumPy or PyTorch reaches
-here, measured in the same run. Prints a table; asserts nothing about time.
+Both frameworks train the same configuration with dropout off and AdamW, on
+the same random token batch, on this machine's CPU, in one run: T5 v1.0 small
+(60M parameters) on `--inputs` and `--targets` tokens, or GPT-2 small (124M)
+on `--inputs` tokens, each predicting the next (the last position has no
+target, as in transformers' shifted labels). `--dtype bfloat16` computes in
+bfloat16 with float32 parameters: ptmjax's config `dtype`, PyTorch's
+`torch.autocast`. Model FLOP utilisation divides the model's FLOPs per second
+by this machine's matmul peak: the best float32 2048x2048 matmul that JAX,
+NumPy or PyTorch reaches here, measured in the same run.
+
+`import ptmjax` sets glibc's malloc to keep freed memory (`ptmjax/host_malloc.py`),
+which speeds PyTorch up too, so PyTorch runs in child processes twice: with
+glibc's defaults, as a PyTorch user runs it, and with ptmjax's settings.
+Prints a table; asserts nothing about time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -90,20 +100,24 @@ def training_flops(model: str, batch: int, inputs: int, targets: int) -> float:
     return t5_training_flops(T5_SMALL, batch, inputs, targets)
 
 
-def make_trainer(model: str = "t5") -> Trainer:
-    """The ptmjax trainer of `model` on this host's devices: AdamW at a constant learning rate, no z-loss."""
+def make_trainer(model: str = "t5", dtype: str = "float32") -> Trainer:
+    """The ptmjax trainer of `model` computing in `dtype` on this host's devices: AdamW at a constant learning rate,
+    no z-loss."""
     mesh_config = partitioning.MeshConfig()
     schedule = lambda step: LEARNING_RATE  # noqa: E731
-    module = GPT2(GPT2_SMALL) if model == "gpt2" else EncoderDecoder(T5_SMALL)
+    config = dataclasses.replace(GPT2_SMALL if model == "gpt2" else T5_SMALL, dtype=dtype)
+    module = GPT2(config) if model == "gpt2" else EncoderDecoder(config)
     return Trainer(
         module, adamw(schedule, weight_decay=0.0, max_grad_norm=None), schedule, partitioning.make_mesh(mesh_config),
         mesh_config.rules, LossConfig(z_loss=0.0),
     )  # fmt: skip
 
 
-def time_ptmjax(batch: dict[str, np.ndarray], steps: int, model: str = "t5") -> tuple[list[float], float]:
+def time_ptmjax(
+    batch: dict[str, np.ndarray], steps: int, model: str = "t5", dtype: str = "float32"
+) -> tuple[list[float], float]:
     """Each step's seconds, and the loss of the last step."""
-    trainer = make_trainer(model)
+    trainer = make_trainer(model, dtype)
     state = trainer.init_state(jax.random.key(0))
     _, times, metrics = timed_steps(trainer, state, partitioning.global_batch(batch, trainer.mesh), steps)
     return times, float(metrics["loss"])
@@ -141,12 +155,16 @@ def hf_model(model: str) -> Any:
     )).train()  # fmt: skip
 
 
-def time_pytorch(batch: dict[str, np.ndarray], steps: int, model: str = "t5") -> list[float] | None:
+def time_pytorch(
+    batch: dict[str, np.ndarray], steps: int, model: str = "t5", dtype: str = "float32"
+) -> list[float] | None:
+    """Each step's seconds in this process, or None without torch."""
     try:
         import torch
     except ImportError:
         return None
     network = hf_model(model)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
     optimizer = torch.optim.AdamW(network.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     if model == "gpt2":  # transformers shifts the labels itself
         tokens = torch.from_numpy(batch["decoder_input_tokens"]).long()
@@ -156,7 +174,8 @@ def time_pytorch(batch: dict[str, np.ndarray], steps: int, model: str = "t5") ->
                   "labels": torch.from_numpy(batch["decoder_target_tokens"]).long()}  # fmt: skip
 
     def step():
-        loss = network(**inputs).loss
+        with autocast:
+            loss = network(**inputs).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -171,43 +190,61 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
+PYTORCH_MALLOC = {"Hugging Face (PyTorch)": "0", "PyTorch, ptmjax's malloc": "1"}  # PTMJAX_KEEP_FREED_MEMORY
+
+
+def time_pytorch_in_child(args: argparse.Namespace, keep_freed_memory: str) -> list[float] | None:
+    """`time_pytorch` in a child process whose glibc malloc `import ptmjax` set as `keep_freed_memory` says."""
+    sizes = ["--model", args.model, "--dtype", args.dtype, "--steps", str(args.steps), "--batch", str(args.batch),
+             "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
+    env = {**os.environ, "PTMJAX_KEEP_FREED_MEMORY": keep_freed_memory}
+    out = subprocess.run([sys.executable, __file__, "--pytorch_child", *sizes], env=env, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(TITLES), default="t5")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=114, help="T5 only")
+    parser.add_argument("--pytorch_child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     batch = random_batch(args.batch, args.inputs, args.targets, args.model)
+    if args.pytorch_child:
+        print(json.dumps(time_pytorch(batch, args.steps, args.model, args.dtype)))
+        return
     tokens = args.batch * (args.inputs + (args.targets if args.model == "t5" else 0))
     flops = training_flops(args.model, args.batch, args.inputs, args.targets)
     peaks = matmul_peak_flops()
     peak = max(peaks.values())
     lengths = f"inputs {args.inputs}, targets {args.targets}" if args.model == "t5" else f"length {args.inputs}"
-    print(f"{TITLES[args.model]}, batch {args.batch}, {lengths}: {flops / 1e9:.1f} GFLOP per training step")
+    print(f"{TITLES[args.model]}, batch {args.batch}, {lengths}, {args.dtype} compute: {flops / 1e9:.1f} GFLOP per "
+          f"training step")  # fmt: skip
     print(f"Measured float32 2048x2048 matmul on {os.cpu_count()} CPU cores: "
           + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in peaks.items())
           + f" GFLOP/s; peak = {peak / 1e9:.1f} GFLOP/s\n")
 
-    rows = [("ptmjax (JAX/XLA)", time_ptmjax(batch, args.steps, args.model)[0])]
-    torch_times = time_pytorch(batch, args.steps, args.model)
-    if torch_times is not None:
-        rows.append(("Hugging Face (PyTorch)", torch_times))
-
-    print(f"{'framework':<24}{'step s (median)':>16}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}")
-    medians = {}
-    for name, times in rows:
-        median = statistics.median(times)
-        medians[name] = median
-        print(f"{name:<24}{median:>16.3f}{tokens / median:>12.0f}{flops / median / 1e12:>10.3f}"
+    rows = {"ptmjax (JAX/XLA)": time_ptmjax(batch, args.steps, args.model, args.dtype)[0]}
+    for name, keep_freed_memory in PYTORCH_MALLOC.items():
+        rows[name] = time_pytorch_in_child(args, keep_freed_memory)
+    print(f"{'framework':<26}{'step s (median)':>16}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}")
+    medians = {name: statistics.median(times) for name, times in rows.items() if times is not None}
+    for name, median in medians.items():
+        print(f"{name:<26}{median:>16.3f}{tokens / median:>12.0f}{flops / median / 1e12:>10.3f}"
               f"{flops / median / peak:>8.1%}")
-    if torch_times is None:
+    if len(medians) == 1:
         print("\n(install the 'hf' extra, torch and transformers, to compare with PyTorch)")
-    else:
-        ratio = medians["Hugging Face (PyTorch)"] / medians["ptmjax (JAX/XLA)"]
-        print(f"\nptmjax tokens/s over PyTorch tokens/s: {ratio:.2f}x")
+        return
+    print()
+    for name in PYTORCH_MALLOC:
+        print(f"ptmjax tokens/s over {name} tokens/s: {medians[name] / medians['ptmjax (JAX/XLA)']:.2f}x")
+    print("(PyTorch runs in child processes: with glibc's malloc defaults, as its users run it, and with the "
+          "settings `import ptmjax` makes, ptmjax/host_malloc.py)")
 
 
 if __name__ == "__main__":
