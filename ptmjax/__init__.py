@@ -10,7 +10,7 @@ from ptmjax import host_malloc, quiet_tensorflow
 IMPORTED_AT = time.perf_counter()  # when the process first imported ptmjax: training's start-up line counts from it
 
 # XLA:CPU runs independent operations concurrently only with this scheduler;
-# it halves a T5 forward pass on a 2-core CPU (benchmarks/train_throughput.py).
+# it takes 4% off a T5-small training step on a 2-core CPU (benchmarks/xla_cpu_flags.py).
 # Flags are read when the backend starts, so this must precede any JAX
 # computation; it is a no-op on GPU and TPU, and a user's setting wins.
 _CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
