@@ -6,6 +6,8 @@ narrower float type (bfloat16) each product takes bf16 operands, accumulates in 
 (`preferred_element_type`) and casts the result back, as TPUs do. A `jax.custom_vjp` keeps the
 backward pass the same: both cotangents are such dots of the bf16 cotangent with the other operand.
 (Plain autodiff of a float32-output dot would give float32 x bf16 dots, which XLA:CPU runs in float32.)
+The policy's dots are inside the custom_vjp, out of a remat policy's sight: results without batch
+dimensions are named NO_BATCH_DOT for the layer stacks' 'save_dot_products'.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import string
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 Array = jax.Array
+NO_BATCH_DOT = "mixed_precision_dot_without_batch_dims"
 
 
 def einsum(spec: str, a: Array, b: Array) -> Array:
@@ -28,7 +32,10 @@ def einsum(spec: str, a: Array, b: Array) -> Array:
     """
     if not _narrow(a, b):
         return jnp.einsum(spec, a, b)
-    return _accumulated_einsum(_vjp_specs(spec, a.shape, b.shape), a, b)
+    specs = _vjp_specs(spec, a.shape, b.shape)
+    out = _accumulated_einsum(specs, a, b)
+    a_idx, b_idx, out_idx = specs[0].replace("->", ",").split(",")
+    return out if set(a_idx) & set(b_idx) & set(out_idx) else checkpoint_name(out, NO_BATCH_DOT)
 
 
 def dot_general(lhs: Array, rhs: Array, dimension_numbers: tuple) -> Array:

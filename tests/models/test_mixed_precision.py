@@ -3,10 +3,13 @@
 The einsum and its gradients against float64 numpy on the same bf16-rounded inputs; the backward
 pass's dots take bf16 operands only; float32 is plain `jnp.einsum` / `lax.dot_general`, bit for bit;
 bf16 T5 and GPT-2 track their float32 selves, and one bf16 training step on (data=2, fsdp=2,
-tensor=2), with scanned and rematerialised layers, equals the step on one device.
+tensor=2), with scanned and rematerialised layers, equals the step on one device; the remat policy
+'save_dot_products' still keeps the weight matmuls' outputs.
 """
 
+import contextlib
 import dataclasses
+import io
 
 import jax
 import jax.extend
@@ -17,6 +20,7 @@ import pytest
 
 from ptmjax import partitioning
 from ptmjax.layers import mixed_precision
+from ptmjax.layers.layer_stack import REMAT_POLICIES
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
 from ptmjax.partitioning import MeshConfig
 from ptmjax.training.model_api import model_api
@@ -197,3 +201,24 @@ def test_bf16_step_sharded_with_scan_and_remat_equals_one_device(config):
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5)  # measured 1.0e-7 (T5), 2.3e-7 (GPT-2)
     # measured: parameters within 9.8e-5 (T5), 6.5e-5 (GPT-2) absolute after the step
     jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-4), params, want_params)
+
+
+def test_save_dot_products_keeps_the_bf16_weight_matmuls_only():
+    """The layer stacks' 'save_dot_products' keeps a bf16 weight matmul's output (bf16, as a plain dot's) and
+    recomputes the attention einsum (batch dims), as it does for plain einsums."""
+    x, w, k = bf16_normal(0, (2, 4, 8)), bf16_normal(1, (8, 6)), bf16_normal(2, (2, 5, 6))
+
+    def layer(x, w, k, einsum):
+        h = jnp.tanh(einsum("bqe,ef->bqf", x, w))
+        return jnp.sum(jnp.tanh(einsum("bqf,bkf->bqk", h, k)).astype(jnp.float32))
+
+    def saved(einsum):
+        policy = REMAT_POLICIES["save_dot_products"]
+        fn = jax.checkpoint(lambda x, w, k: layer(x, w, k, einsum), policy=policy)
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            jax.ad_checkpoint.print_saved_residuals(fn, x, w, k)
+        return [line.split()[0] for line in printed.getvalue().splitlines()]
+
+    want = ["bf16[2,4,8]", "bf16[8,6]", "bf16[2,5,6]", "bf16[2,4,6]"]  # x, w, k and x @ w
+    assert saved(jnp.einsum) == want
+    assert saved(mixed_precision.einsum) == want
