@@ -1,13 +1,13 @@
-"""Matmuls in a narrow compute dtype (bfloat16) with float32 accumulation, forward and backward.
+"""bfloat16 matmuls with float32 accumulation, forward and backward.
 
 `einsum(spec, a, b)` and `dot_general(lhs, rhs, dimension_numbers)` are `jnp.einsum` and
-`jax.lax.dot_general` themselves when the operands' result type is float32 (or wider). For a
-narrower float type (bfloat16) each product takes bf16 operands, accumulates in float32
+`jax.lax.dot_general` themselves unless the operands' result type is bfloat16 (float32 stays
+bit-identical). In bfloat16 each product takes bf16 operands, accumulates in float32
 (`preferred_element_type`) and casts the result back, as TPUs do. A `jax.custom_vjp` keeps the
 backward pass the same: both cotangents are such dots of the bf16 cotangent with the other operand.
 (Plain autodiff of a float32-output dot would give float32 x bf16 dots, which XLA:CPU runs in float32.)
-The policy's dots are inside the custom_vjp, out of a remat policy's sight: results without batch
-dimensions are named NO_BATCH_DOT for the layer stacks' 'save_dot_products'.
+The dots sit inside the custom_vjp, out of a remat policy's sight: results without batch dimensions
+are named NO_BATCH_DOT for the layer stacks' 'save_dot_products'.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ NO_BATCH_DOT = "mixed_precision_dot_without_batch_dims"
 
 
 def einsum(spec: str, a: Array, b: Array) -> Array:
-    """`jnp.einsum(spec, a, b)`, accumulated in float32 when the operands are narrower than float32.
+    """`jnp.einsum(spec, a, b)`, accumulated in float32 when the operands' result type is bfloat16.
 
     `spec` needs '->'; '...' stands for the same dims in every operand that has it. Specs whose
     backward is not two einsums (an index summed within one operand, repeated indices) are refused.
     """
-    if not _narrow(a, b):
+    if jnp.result_type(a, b) != jnp.bfloat16:
         return jnp.einsum(spec, a, b)
     specs = _vjp_specs(spec, a.shape, b.shape)
     out = _accumulated_einsum(specs, a, b)
@@ -40,7 +40,7 @@ def einsum(spec: str, a: Array, b: Array) -> Array:
 
 def dot_general(lhs: Array, rhs: Array, dimension_numbers: tuple) -> Array:
     """`jax.lax.dot_general(lhs, rhs, dimension_numbers)`, accumulated as `einsum` says."""
-    if not _narrow(lhs, rhs):
+    if jnp.result_type(lhs, rhs) != jnp.bfloat16:
         return jax.lax.dot_general(lhs, rhs, dimension_numbers)
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
     letters = iter(string.ascii_letters)
@@ -53,12 +53,6 @@ def dot_general(lhs: Array, rhs: Array, dimension_numbers: tuple) -> Array:
     out += [index for d, index in enumerate(lhs_idx) if d not in (*lhs_contract, *lhs_batch)]
     out += [index for d, index in enumerate(rhs_idx) if d not in (*rhs_contract, *rhs_batch)]
     return einsum(f"{''.join(lhs_idx)},{''.join(rhs_idx)}->{''.join(out)}", lhs, rhs)
-
-
-def _narrow(a: Array, b: Array) -> bool:
-    """Whether the operands' result type is a float type narrower than float32 (bfloat16, float16)."""
-    dtype = jnp.result_type(a, b)
-    return bool(jnp.issubdtype(dtype, jnp.floating)) and jnp.dtype(dtype).itemsize < 4
 
 
 def _vjp_specs(spec: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[str, str, str]:
