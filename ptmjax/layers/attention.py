@@ -19,6 +19,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from ptmjax.layers import mixed_precision
 from ptmjax.layers.common import DType
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.pallas_attention import tpu_flash_attention
@@ -226,13 +227,13 @@ class MultiHeadAttention(nn.Module):
         # kernel's interpret mode (callbacks that run JAX) can deadlock against flax's eager parameter init.
         kernel = self.attention_kernel
         if kernel == "einsum" or (kernel == "pallas_tpu_flash" and self.is_initializing()):
-            logits = jnp.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
+            logits = mixed_precision.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
             if bias is not None:
                 logits = logits + jnp.asarray(bias, logits.dtype)
             weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
             self.sow("intermediates", "attention_weights", weights)
             weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
-            context = jnp.einsum("bhqk,bhkd->bqhd", weights, value)  # [b, q, h, d]
+            context = mixed_precision.einsum("bhqk,bhkd->bqhd", weights, value)  # [b, q, h, d]
         else:
             context = self._fused_context(query, key, value, bias, enable_dropout)
         context = nn.with_logical_constraint(context, HEAD_AXES)

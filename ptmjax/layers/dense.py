@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ptmjax.layers import mixed_precision
 from ptmjax.layers.common import DType
 
 Array = jax.Array
@@ -66,7 +67,7 @@ class Dense(nn.Module):
         kernel = jnp.asarray(kernel, self.dtype)
         inputs = jnp.asarray(inputs, self.dtype)
         contract_kernel = tuple(range(n_in))
-        out = jax.lax.dot_general(inputs, kernel, ((axis, contract_kernel), ((), ())))
+        out = mixed_precision.dot_general(inputs, kernel, ((axis, contract_kernel), ((), ())))
         if self.use_bias:
             bias_axes = tuple(self.kernel_axes[n_in:])
             bias = self.param(

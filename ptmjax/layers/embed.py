@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ptmjax.layers import mixed_precision
 from ptmjax.layers.common import DType
 
 Array = jax.Array
@@ -42,4 +43,5 @@ class Embed(nn.Module):
 
     def attend(self, query: Array) -> Array:
         """query [..., embed] -> logits [..., vocab] = query @ embedding.T."""
-        return jnp.einsum("...e,ve->...v", jnp.asarray(query, self.dtype), jnp.asarray(self.embedding, self.dtype))
+        query, embedding = jnp.asarray(query, self.dtype), jnp.asarray(self.embedding, self.dtype)
+        return mixed_precision.einsum("...e,ve->...v", query, embedding)

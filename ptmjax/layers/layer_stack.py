@@ -7,7 +7,7 @@ Every family stacks its layers with `apply_layers`. A config that inherits
 - `remat_policy`: what the backward pass keeps of each layer's forward pass.
   'none' keeps everything; 'full' keeps only the layer's inputs and recomputes the
   rest (jax.checkpoint_policies.nothing_saveable); 'save_dot_products' keeps the
-  outputs of the weight matmuls (dots without batch dimensions) and recomputes
+  outputs of the weight matmuls (dots without batch dimensions, bf16 ones by name) and recomputes
   norms, activations and attention (dots_with_no_batch_dims_saveable).
 - `scan_layers`: one `nn.scan` over the stack instead of a Python loop, so the
   layer is traced and compiled once. Parameters are then stacked: a stack's
@@ -40,13 +40,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ptmjax.layers import mixed_precision
+
 Array = jax.Array
 Tree = Mapping[str, Any]
 
 REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
-    "save_dot_products": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_dot_products": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names(mixed_precision.NO_BATCH_DOT),  # bf16's dots
+    ),
 }
 SCANNED = "layers"  # the name of a scanned stack's module, and the logical axis of its stacked parameters
 

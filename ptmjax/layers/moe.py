@@ -46,6 +46,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ptmjax.layers import mixed_precision
 from ptmjax.layers.common import DType
 from ptmjax.layers.layer_stack import LayerStackConfig
 from ptmjax.layers.mlp import ACTIVATIONS, check_activations
@@ -270,14 +271,14 @@ class MoeBlock(nn.Module):
         self.sow("intermediates", "dropped_fraction", dropped)
 
         dispatch = routing.dispatch.astype(self.dtype)
-        expert_in = jnp.einsum("gsec,gsd->gecd", dispatch, x)  # [G, E, C, embed]
+        expert_in = mixed_precision.einsum("gsec,gsd->gecd", dispatch, x)  # [G, E, C, embed]
         expert_in = nn.with_logical_constraint(expert_in, EXPERT_AXES)  # all-to-all to the experts
         expert_out = self._experts(
-            expert_in, lambda a, w: jnp.einsum("gecd,edf->gecf", a, w), EXPERT_HIDDEN_AXES, enable_dropout
+            expert_in, lambda a, w: mixed_precision.einsum("gecd,edf->gecf", a, w), EXPERT_HIDDEN_AXES, enable_dropout
         )
         expert_out = nn.with_logical_constraint(expert_out, EXPERT_AXES)
         expert_out = nn.with_logical_constraint(expert_out, RETURN_AXES)  # all-to-all back to the tokens
-        out = jnp.einsum("gecd,gsec->gsd", expert_out, routing.combine.astype(self.dtype))  # [G, S, embed]
+        out = mixed_precision.einsum("gecd,gsec->gsd", expert_out, routing.combine.astype(self.dtype))  # [G, S, embed]
         return nn.with_logical_constraint(out, TOKEN_AXES)
 
     def _sow_losses(self, logits: Array, probs: Array, first_choice: Array) -> None:
