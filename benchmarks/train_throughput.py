@@ -13,9 +13,10 @@ bfloat16 with float32 parameters: ptmjax's config `dtype`, PyTorch's
 by this machine's matmul peak: the best float32 2048x2048 matmul that JAX,
 NumPy or PyTorch reaches here, measured in the same run.
 
-`import ptmjax` sets glibc's malloc to keep freed memory (`ptmjax/host_malloc.py`),
-which speeds PyTorch up too, so PyTorch runs in child processes twice: with
-glibc's defaults, as a PyTorch user runs it, and with ptmjax's settings.
+Each framework runs in a child process of its own. `import ptmjax` sets
+glibc's malloc to keep freed memory (`ptmjax/host_malloc.py`), which speeds
+PyTorch up too, so PyTorch runs twice: with glibc's defaults, as a PyTorch
+user runs it, and with ptmjax's settings.
 Prints a table; asserts nothing about time.
 """
 
@@ -193,12 +194,15 @@ def _timed(fn) -> float:
 PYTORCH_MALLOC = {"Hugging Face (PyTorch)": "0", "PyTorch, ptmjax's malloc": "1"}  # PTMJAX_KEEP_FREED_MEMORY
 
 
-def time_pytorch_in_child(args: argparse.Namespace, keep_freed_memory: str) -> list[float] | None:
-    """`time_pytorch` in a child process whose glibc malloc `import ptmjax` set as `keep_freed_memory` says."""
+def time_in_child(args: argparse.Namespace, framework: str, keep_freed_memory: str | None = None) -> list[float] | None:
+    """`framework`'s step times from a child process, whose glibc malloc `import ptmjax` sets as
+    `keep_freed_memory` says (None: as this process's environment says)."""
     sizes = ["--model", args.model, "--dtype", args.dtype, "--steps", str(args.steps), "--batch", str(args.batch),
              "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
-    env = {**os.environ, "PTMJAX_KEEP_FREED_MEMORY": keep_freed_memory}
-    out = subprocess.run([sys.executable, __file__, "--pytorch_child", *sizes], env=env, capture_output=True,
+    env = dict(os.environ)
+    if keep_freed_memory is not None:
+        env["PTMJAX_KEEP_FREED_MEMORY"] = keep_freed_memory
+    out = subprocess.run([sys.executable, __file__, "--child", framework, *sizes], env=env, capture_output=True,
                          text=True, check=True)  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -211,11 +215,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=114, help="T5 only")
-    parser.add_argument("--pytorch_child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["ptmjax", "pytorch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     batch = random_batch(args.batch, args.inputs, args.targets, args.model)
-    if args.pytorch_child:
+    if args.child == "ptmjax":
+        print(json.dumps(time_ptmjax(batch, args.steps, args.model, args.dtype)[0]))
+        return
+    if args.child == "pytorch":
         print(json.dumps(time_pytorch(batch, args.steps, args.model, args.dtype)))
         return
     tokens = args.batch * (args.inputs + (args.targets if args.model == "t5" else 0))
@@ -229,9 +236,9 @@ def main() -> None:
           + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in peaks.items())
           + f" GFLOP/s; peak = {peak / 1e9:.1f} GFLOP/s\n")
 
-    rows = {"ptmjax (JAX/XLA)": time_ptmjax(batch, args.steps, args.model, args.dtype)[0]}
+    rows = {"ptmjax (JAX/XLA)": time_in_child(args, "ptmjax")}
     for name, keep_freed_memory in PYTORCH_MALLOC.items():
-        rows[name] = time_pytorch_in_child(args, keep_freed_memory)
+        rows[name] = time_in_child(args, "pytorch", keep_freed_memory)
     print(f"{'framework':<26}{'step s (median)':>16}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}")
     medians = {name: statistics.median(times) for name, times in rows.items() if times is not None}
     for name, median in medians.items():
@@ -243,8 +250,8 @@ def main() -> None:
     print()
     for name in PYTORCH_MALLOC:
         print(f"ptmjax tokens/s over {name} tokens/s: {medians[name] / medians['ptmjax (JAX/XLA)']:.2f}x")
-    print("(PyTorch runs in child processes: with glibc's malloc defaults, as its users run it, and with the "
-          "settings `import ptmjax` makes, ptmjax/host_malloc.py)")
+    print("(each framework runs in a child process of its own; PyTorch twice: with glibc's malloc defaults, as its "
+          "users run it, and with the settings `import ptmjax` makes, ptmjax/host_malloc.py)")
 
 
 if __name__ == "__main__":

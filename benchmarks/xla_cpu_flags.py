@@ -28,6 +28,8 @@ FLAG_SETS = {
     "XNNPACK": "--xla_cpu_use_xnnpack=true",
     "XNNPACK dot fusions": "--xla_cpu_experimental_xnn_fusion_type=dot",
     "XNNPACK greedy graph fusion": "--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY",
+    "YNNPACK off": "--xla_cpu_experimental_ynn_fusion_type=",
+    "sequential scheduler": "--xla_cpu_enable_concurrency_optimized_scheduler=false",  # ptmjax sets it true
 }
 
 
