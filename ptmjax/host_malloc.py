@@ -64,4 +64,4 @@ def _accelerator_plugin_installed() -> bool:
         import jax_plugins
     except ImportError:
         return False
-    return any(True for _ in pkgutil.iter_modules(jax_plugins.__path__))
+    return any(pkgutil.iter_modules(jax_plugins.__path__))
