@@ -78,6 +78,7 @@ def test_span_qa_exact_match_and_f1_with_a_brute_force_span_search():
     assert got == pytest.approx(want)
 
 
+@pytest.mark.slow  # two gin training runs; the head's training and evaluation are tested above
 def test_head_fine_tuning_from_gin_over_a_pretrained_bert(tmp_path, capsys):
     """runs/bert_classify_demo.gin, shortened, over a 2-step runs/bert_demo.gin run: the backbone is restored,
     the classifier is fresh, and the evaluation in training reports the task's accuracy."""

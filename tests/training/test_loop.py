@@ -6,6 +6,7 @@ import types
 
 import jax
 import numpy as np
+import pytest
 from tensorboard_helpers import tensorboard_scalars
 
 from ptmjax import partitioning
@@ -74,6 +75,7 @@ def test_stop_and_resume_equals_one_run(tmp_path):
         assert os.path.exists(result.files[name]), name
 
 
+@pytest.mark.slow  # a gin training run; text-file tasks train by default in tests/reliability (registered in Python)
 def test_text_files_task_from_gin_alone(tmp_path):
     """runs/text_files.gin trains on local files with no Python written."""
     import gin

@@ -133,6 +133,8 @@ def losses(model_dir):
         return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
 
 
+@pytest.mark.slow  # four training runs; the batches and their order are compared above, and the default
+# suite's resume tests (test_loop.py) run with prefetching on
 def test_training_with_and_without_prefetching_is_identical_and_resumes_exactly(tmp_path):
     plain, prefetched = tmp_path / "plain", tmp_path / "prefetched"
     run(plain, 5, prefetch_batches=0)
