@@ -20,7 +20,8 @@ values before its own; T5's and BART's cross-attention is left alone (the
 paper prefixes the encoder and the decoder, not the encoder output). The
 prefix is visible to every query (padding and causality mask only real keys)
 and gets zero attention bias: no relative position bias in T5 either, as it
-has no position. Decoding: the hook sees the whole key/value cache, so the
+has no position (the layer's mask is folded into one bias for that, also for
+'pallas_tpu_flash', which then gets it as its `ab`). Decoding: the hook sees the whole key/value cache, so the
 prefix sits before the cache and cached steps need no change. ALBERT's shared layers
 share their prefixes (one per parameter set). Scanned layers are refused.
 `PREFIX_PARAMS` matches the prefix parameters.
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 from ptmjax.adapt.family_entries import runs_stack
 from ptmjax.adapt.interception import adapted
 from ptmjax.layers.attention import MultiHeadAttention
+from ptmjax.layers.attention_mask import AttentionMask
 from ptmjax.layers.common import dtype_kwargs
 from ptmjax.models.config import check_positive_ints
 
@@ -107,16 +109,18 @@ def prefix_tuning(model: nn.Module, length: int = 10, hidden: int | None = 512) 
     return adapted(model, PrefixSettings(length, hidden))
 
 
-def with_prefix(key: Array, value: Array, bias: Array | None, prefix: Array) -> tuple[Array, Array, Array | None]:
-    """key and value [b, h, k, d] with prefix [2, h, n, d] in front; bias [.., q, k] with n zeros in front."""
+def with_prefix(key: Array, value: Array, mask: AttentionMask, prefix: Array) -> tuple[Array, Array, AttentionMask]:
+    """key and value [b, h, k, d] with prefix [2, h, n, d] in front; the mask folded into a bias [.., q, k]
+    with n zeros in front (a structured mask cannot show the prefix to every query)."""
     batch, n = key.shape[0], prefix.shape[2]
     key, value = (
         jnp.concatenate([jnp.broadcast_to(p[None].astype(x.dtype), (batch, *p.shape)), x], axis=2)
         for p, x in ((prefix[0], key), (prefix[1], value))
     )
+    bias = mask.dense_bias(key.dtype)
     if bias is not None:
         bias = jnp.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(n, 0)])
-    return key, value, bias
+    return key, value, AttentionMask(bias)
 
 
 def fold_prefixes(params: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:

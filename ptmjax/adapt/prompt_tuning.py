@@ -58,6 +58,7 @@ from ptmjax.adapt.family_entries import Entry, entry_of, runs_stack
 from ptmjax.adapt.interception import adapted
 from ptmjax.adapt.prefix_tuning import with_prefix
 from ptmjax.layers.attention import MultiHeadAttention
+from ptmjax.layers.attention_mask import AttentionMask
 from ptmjax.layers.embed import Embed
 from ptmjax.layers.positions import sequential_positions
 from ptmjax.models.config import check_positive_ints
@@ -180,17 +181,17 @@ class PromptCall:
         finally:
             self.prompt_keys_values = None
 
-    def _attended(self, module: MultiHeadAttention, out: tuple[Array, Array, Array | None]) -> Any:
-        """A self-attention's keys, values and bias: the prompt's part taken while reading the prompt, the prompt's
+    def _attended(self, module: MultiHeadAttention, out: tuple[Array, Array, AttentionMask]) -> Any:
+        """A self-attention's keys, values and mask: the prompt's part taken while reading the prompt, the prompt's
         keys and values put in front during a cached call; as they were otherwise."""
         if self.prompt_keys_values is None:
             return out
-        key, value, bias = out
+        key, value, mask = out
         path, n = module.scope.path, self.settings.length
         if self.reading_prompt:
             self.prompt_keys_values[path] = jnp.stack([key[0, :, :n], value[0, :, :n]])  # [2, h, n, d]: every row's
             return out
-        return with_prefix(key, value, bias, self.prompt_keys_values[path])
+        return with_prefix(key, value, mask, self.prompt_keys_values[path])
 
     def _create_prompt_in(self, module: nn.Module, method: str) -> None:
         """Creates the awaited prompt in the scope of `module.method` if that runs a layer stack (a compact method:

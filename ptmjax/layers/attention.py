@@ -1,11 +1,7 @@
-"""T5 multi-head attention and the packing-aware attention masks.
+"""T5 multi-head attention, and the key/value cache of decoding.
 
-Masks are boolean [batch, 1, q_len, k_len] (True = may attend). Packing puts
-several examples in one row, marked by segment ids 1, 2, 3, ... (0 = padding);
-no attention crosses segments. `pad_token_id` (0 by default; BART uses 1) is
-padding in encoder inputs; decoder inputs start with id 0 (the BOS of T5), so
-decoder padding is known only from segment ids, and without them causality
-alone keeps real positions clean.
+Masks come as an `AttentionMask` (ptmjax/layers/attention_mask.py): segment ids, a causal flag and
+an additive bias, folded into one bias for every kernel but 'pallas_tpu_flash'.
 
 Decoding keeps keys and values in the 'cache' collection (see `CacheSlots`
 and `MultiHeadAttention`): self-attention writes each step's keys into a
@@ -20,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.layers import mixed_precision
+from ptmjax.layers.attention_mask import AttentionMask, pairwise_mask
 from ptmjax.layers.common import DType
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.pallas_attention import tpu_flash_attention
@@ -30,87 +27,12 @@ HEAD_AXES = ("activation_batch", "activation_length", "activation_heads", "activ
 # Keys and values (and their caches) are head-major, [b, heads, l, head_dim]: XLA's batched matmuls read
 # them without a transposed copy, which matters most when decoding reads the whole cache every step.
 KV_AXES = ("activation_batch", "activation_heads", "activation_length", "activation_kv")
-NEG_INF = -1e10  # finite, so a fully masked row gives a uniform softmax instead of NaN
 # How attention probabilities and context are computed: 'einsum' (the reference) spells them out;
 # 'xla' and 'cudnn' call `jax.nn.dot_product_attention` with that implementation (cuDNN's fused
 # flash attention needs a GPU and bfloat16 or float16 activations); 'pallas_tpu_flash' calls JAX's
 # Pallas TPU flash-attention kernel (ptmjax/layers/pallas_attention.py: compiled on TPU, interpreted
 # on CPU, slowly, for tests).
 ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "pallas_tpu_flash")
-
-
-def pairwise_mask(query_valid: Array, key_valid: Array) -> Array:
-    """query_valid [b, q], key_valid [b, k] (bool) -> [b, 1, q, k] where both are valid."""
-    return (query_valid[:, :, None] & key_valid[:, None, :])[:, None]
-
-
-def segment_mask(query_segment_ids: Array, key_segment_ids: Array) -> Array:
-    """[b, q], [b, k] -> [b, 1, q, k]: same nonzero segment."""
-    same = query_segment_ids[:, :, None] == key_segment_ids[:, None, :]
-    return (same & (query_segment_ids[:, :, None] > 0))[:, None]
-
-
-def causal_mask(length: int) -> Array:
-    """[1, 1, length, length]: key index <= query index."""
-    idx = jnp.arange(length)
-    return (idx[None, :] <= idx[:, None])[None, None]
-
-
-def prefix_lm_self_mask(
-    length: int, causal_attention: Array | None = None, segment_ids: Array | None = None, batch: int = 1
-) -> Array:
-    """Decoder-only mask [b, 1, t, t]: causal, plus bidirectional inside a prefix, within a segment.
-
-    causal_attention [b, t] (bool/int, as seqio's `decoder_causal_attention`)
-    marks the prefix: a query and a key both inside it may attend in either
-    direction. All ones gives a bidirectional model, None a causal one.
-    """
-    mask = jnp.broadcast_to(causal_mask(length), (batch, 1, length, length))
-    if causal_attention is not None:
-        prefix = causal_attention.astype(bool)
-        mask = mask | pairwise_mask(prefix, prefix)
-    if segment_ids is not None:
-        mask = mask & segment_mask(segment_ids, segment_ids)
-    return mask
-
-
-def encoder_self_mask(tokens: Array, segment_ids: Array | None = None, pad_token_id: int = 0) -> Array:
-    """Bidirectional mask [b, 1, s, s] over tokens != pad_token_id, within a segment when packed."""
-    valid = tokens != pad_token_id
-    mask = pairwise_mask(valid, valid)
-    if segment_ids is not None:
-        mask = mask & segment_mask(segment_ids, segment_ids)
-    return mask
-
-
-def decoder_self_mask(tokens: Array, segment_ids: Array | None = None) -> Array:
-    """Causal mask [b, 1, t, t], within a segment when packed."""
-    batch, length = tokens.shape
-    mask = jnp.broadcast_to(causal_mask(length), (batch, 1, length, length))
-    if segment_ids is not None:
-        mask = mask & segment_mask(segment_ids, segment_ids)
-    return mask
-
-
-def cross_mask(
-    decoder_tokens: Array,
-    encoder_tokens: Array,
-    decoder_segment_ids: Array | None = None,
-    encoder_segment_ids: Array | None = None,
-    pad_token_id: int = 0,
-) -> Array:
-    """Decoder-to-encoder mask [b, 1, t, s]: encoder keys != pad_token_id, of the same segment."""
-    if (decoder_segment_ids is None) != (encoder_segment_ids is None):
-        raise ValueError(
-            "cross_mask needs both decoder_segment_ids and encoder_segment_ids (packed data) or neither; got "
-            f"decoder_segment_ids={'set' if decoder_segment_ids is not None else None}, "
-            f"encoder_segment_ids={'set' if encoder_segment_ids is not None else None}."
-        )
-    query_valid = jnp.ones(decoder_tokens.shape, dtype=bool)
-    mask = pairwise_mask(query_valid, encoder_tokens != pad_token_id)
-    if decoder_segment_ids is not None:
-        mask = mask & segment_mask(decoder_segment_ids, encoder_segment_ids)
-    return mask
 
 
 @flax.struct.dataclass
@@ -153,11 +75,6 @@ def cached_self_mask(
     return mask
 
 
-def mask_to_bias(mask: Array, dtype: DType = jnp.float32) -> Array:
-    """Boolean mask -> additive bias: 0 where allowed, a large negative number elsewhere."""
-    return jnp.where(mask, 0.0, NEG_INF).astype(dtype)
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention; by default T5's: no biases, no 1/sqrt(head_dim) scaling (folded into the query init).
 
@@ -167,13 +84,14 @@ class MultiHeadAttention(nn.Module):
     [b, heads, q, k]; apply with `mutable=['intermediates']` to read them.
     `attention_kernel` (one of ATTENTION_KERNELS): other than 'einsum', `jax.nn.dot_product_attention`
     ('xla', 'cudnn') or the Pallas TPU flash-attention kernel ('pallas_tpu_flash') computes the
-    context with `bias` added to the logits; they sow no weights and have no dropout on the
-    probabilities, so they refuse `enable_dropout` with `dropout_rate` > 0.
+    context: the Pallas kernel reads `mask`'s segment ids, causal flag and bias, the others its
+    `dense_bias`; they sow no weights and have no dropout on the probabilities, so they refuse
+    `enable_dropout` with `dropout_rate` > 0.
 
     Decoding (`cache` given, apply with `mutable=['cache']`): self-attention
     writes the call's keys and values at `cache.index` of a [b, heads,
-    cache.length, head_dim] cache and attends to every slot (`bias` [.., q,
-    cache.length] masks the unwritten ones); `cross_attention=True` projects
+    cache.length, head_dim] cache and attends to every slot (`mask`, a bias [.., q,
+    cache.length], masks the unwritten ones); `cross_attention=True` projects
     `inputs_kv` (the encoder output) once into the cache, and later calls pass
     `inputs_kv=None` to read it. The first call creates the cache without
     writing (run it under `jax.eval_shape` with `cache.length` queries).
@@ -191,10 +109,11 @@ class MultiHeadAttention(nn.Module):
 
     @nn.compact
     def __call__(
-        self, inputs_q: Array, inputs_kv: Array | None, bias: Array | None = None, enable_dropout: bool = False,
-        cache: CacheSlots | None = None,
-    ) -> Array:
-        """inputs_q [b, q, embed], inputs_kv [b, k, embed], bias broadcastable to [b, heads, q, k] -> [b, q, embed]."""
+        self, inputs_q: Array, inputs_kv: Array | None, mask: AttentionMask | Array | None = None,
+        enable_dropout: bool = False, cache: CacheSlots | None = None,
+    ) -> Array:  # fmt: skip
+        """inputs_q [b, q, embed], inputs_kv [b, k, embed] -> [b, q, embed], attending as `mask` says: an
+        AttentionMask, or an additive bias alone, broadcastable to [b, heads, q, k]."""
         embed = inputs_q.shape[-1]
         proj = {
             "features": (self.num_heads, self.head_dim),
@@ -220,7 +139,8 @@ class MultiHeadAttention(nn.Module):
             elif cache is not None:
                 key, value = self._write_to_cache(key, value, cache.index)  # [b, h, cache length, d]
 
-        key, value, bias = self.attended(key, value, bias)
+        mask = mask if isinstance(mask, AttentionMask) else AttentionMask(mask)
+        key, value, mask = self.attended(key, value, mask)
         if self.scale_logits:
             query = query * jnp.asarray(self.head_dim**-0.5, query.dtype)
         # 'pallas_tpu_flash' initialises through the einsum path: init needs only the shapes, and on CPU the
@@ -228,6 +148,7 @@ class MultiHeadAttention(nn.Module):
         kernel = self.attention_kernel
         if kernel == "einsum" or (kernel == "pallas_tpu_flash" and self.is_initializing()):
             logits = mixed_precision.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
+            bias = mask.dense_bias(self.dtype)
             if bias is not None:
                 logits = logits + jnp.asarray(bias, logits.dtype)
             weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
@@ -235,7 +156,7 @@ class MultiHeadAttention(nn.Module):
             weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
             context = mixed_precision.einsum("bhqk,bhkd->bqhd", weights, value)  # [b, q, h, d]
         else:
-            context = self._fused_context(query, key, value, bias, enable_dropout)
+            context = self._fused_context(query, key, value, mask, enable_dropout)
         context = nn.with_logical_constraint(context, HEAD_AXES)
         out = Dense(
             name="out",
@@ -249,15 +170,15 @@ class MultiHeadAttention(nn.Module):
         )(context)  # [b, q, embed]
         return nn.with_logical_constraint(out, ("activation_batch", "activation_length", "activation_embed"))
 
-    def attended(self, key: Array, value: Array, bias: Array | None) -> tuple[Array, Array, Array | None]:
-        """The keys and values [b, h, k, d] (decoding: the whole cache) and the bias the queries attend with.
+    def attended(self, key: Array, value: Array, mask: AttentionMask) -> tuple[Array, Array, AttentionMask]:
+        """The keys and values [b, h, k, d] (decoding: the whole cache) and the mask the queries attend with.
 
         As given; prefix tuning (ptmjax.adapt.prefix_tuning) intercepts this call to prepend its keys and values.
         """
-        return key, value, bias
+        return key, value, mask
 
     def _fused_context(
-        self, query: Array, key: Array, value: Array, bias: Array | None, enable_dropout: bool
+        self, query: Array, key: Array, value: Array, mask: AttentionMask, enable_dropout: bool
     ) -> Array:
         """query [b, q, h, d], head-major key and value [b, h, k, d] -> context [b, q, h, d]
         by `jax.nn.dot_product_attention` or the Pallas TPU kernel (logits not scaled again: T5
@@ -269,8 +190,9 @@ class MultiHeadAttention(nn.Module):
                 "use attention_kernel='einsum'"
             )
         if self.attention_kernel == "pallas_tpu_flash":
-            return jnp.swapaxes(tpu_flash_attention(jnp.swapaxes(query, 1, 2), key, value, bias), 1, 2)
+            return jnp.swapaxes(tpu_flash_attention(jnp.swapaxes(query, 1, 2), key, value, mask), 1, 2)
         batch, num_queries, num_keys = query.shape[0], query.shape[1], key.shape[2]
+        bias = mask.dense_bias(self.dtype)
         if bias is not None:
             bias = jnp.broadcast_to(jnp.asarray(bias, query.dtype), (batch, bias.shape[1], num_queries, num_keys))
         key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [b, k, h, d]

@@ -33,12 +33,12 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from ptmjax.layers.attention import (
-    CacheSlots,
-    MultiHeadAttention,
-    cross_mask,
-    decoder_self_mask,
-    encoder_self_mask,
+from ptmjax.layers.attention import CacheSlots, MultiHeadAttention
+from ptmjax.layers.attention_mask import (
+    AttentionMask,
+    cross_attention_mask,
+    decoder_attention_mask,
+    encoder_attention_mask,
     mask_to_bias,
 )
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
@@ -135,13 +135,13 @@ class BartLayer(nn.Module):
     def __call__(
         self,
         x: Array,
-        self_bias: Array,
+        self_mask: AttentionMask,
         encoded: Array | None = None,
-        cross_bias: Array | None = None,
+        cross_mask: AttentionMask | None = None,
         cache: CacheSlots | None = None,
         enable_dropout: bool = False,
     ) -> Array:
-        """x [b, l, embed], self_bias [b, 1, l, l]; decoder: encoded [b, s, embed], cross_bias [b, 1, l, s].
+        """x [b, l, embed], self_mask of [b, 1, l, l]; decoder: encoded [b, s, embed], cross_mask of [b, 1, l, s].
 
         Decoding (`cache`, decoder layers): as T5's DecoderLayer.
         """
@@ -161,10 +161,10 @@ class BartLayer(nn.Module):
             )  # fmt: skip
 
         self_name = "self_attention" if self.decoder else "attention"
-        x = residual(x, self_name, lambda h: attention(self_name)(h, h, self_bias, enable_dropout, cache))
+        x = residual(x, self_name, lambda h: attention(self_name)(h, h, self_mask, enable_dropout, cache))
         if self.decoder:
             cross = "encoder_decoder_attention"
-            x = residual(x, cross, lambda h: attention(cross, True)(h, encoded, cross_bias, enable_dropout, cache))
+            x = residual(x, cross, lambda h: attention(cross, True)(h, encoded, cross_mask, enable_dropout, cache))
         mlp = MlpBlock(c.d_ff, (c.activation,), c.activation_dropout_rate, use_bias=True, name="mlp", **dtype_kwargs(c))
         x = residual(x, "mlp", lambda h: mlp(h, enable_dropout))
         x = nn.with_logical_constraint(x, HIDDEN_AXES)
@@ -184,9 +184,9 @@ class BartStack(nn.Module):
         self,
         tokens: Array,
         positions: Array,
-        self_bias: Array,
+        self_mask: AttentionMask,
         encoded: Array | None = None,
-        cross_bias: Array | None = None,
+        cross_mask: AttentionMask | None = None,
         enable_dropout: bool = False,
         cache: CacheSlots | None = None,
     ) -> Array:
@@ -200,7 +200,7 @@ class BartStack(nn.Module):
         x = nn.with_logical_constraint(nn.Dropout(c.dropout_rate)(x, deterministic=not enable_dropout), HIDDEN_AXES)
         num_layers = c.num_decoder_layers if self.decoder else c.num_encoder_layers
         x = apply_layers(
-            BartLayer, c, num_layers, x, self_bias, encoded, cross_bias, cache, enable_dropout=enable_dropout,
+            BartLayer, c, num_layers, x, self_mask, encoded, cross_mask, cache, enable_dropout=enable_dropout,
             decoder=self.decoder,
         )  # fmt: skip
         if c.pre_layer_norm:
@@ -245,9 +245,9 @@ class Bart(EncoderDecoderInterface):
         )  # fmt: skip
         check_length(tokens.shape[1], c.max_length, "Bart encoder")
         positions = sequential_positions(tokens) if encoder_positions is None else encoder_positions
-        mask = encoder_self_mask(tokens, encoder_segment_ids, c.pad_token_id)  # [b, 1, s, s]
-        bias = mask_to_bias(mask, dtype_kwargs(c)["dtype"])
-        return self.encoder(tokens, positions, bias, enable_dropout=enable_dropout)
+        mask = encoder_attention_mask(tokens, encoder_segment_ids, c.pad_token_id)
+        mask = mask.for_kernel(c.attention_kernel, c.compute_dtype)
+        return self.encoder(tokens, positions, mask, enable_dropout=enable_dropout)
 
     def decoder_hidden_states(
         self,
@@ -272,13 +272,14 @@ class Bart(EncoderDecoderInterface):
         check_length(tokens.shape[1] if cache is None else cache.length, c.max_length, "Bart decoder")
         if cache is None:
             positions = sequential_positions(tokens) if decoder_positions is None else decoder_positions
-            self_mask = decoder_self_mask(tokens, decoder_segment_ids)  # [b, 1, t, t]
-        else:
-            positions, self_mask = cache.query_slots(tokens.shape[1])[None], cache.causal_mask(tokens.shape[1])
-        dtype = dtype_kwargs(c)["dtype"]
-        self_bias = mask_to_bias(self_mask, dtype)
-        cross = cross_mask(tokens, encoder_input_tokens, decoder_segment_ids, encoder_segment_ids, c.pad_token_id)
-        return self.decoder(tokens, positions, self_bias, encoded, mask_to_bias(cross, dtype), enable_dropout, cache)
+            self_mask = decoder_attention_mask(tokens, decoder_segment_ids)
+        else:  # causal over the cache slots: no structured form
+            positions = cache.query_slots(tokens.shape[1])[None]
+            self_mask = AttentionMask(mask_to_bias(cache.causal_mask(tokens.shape[1]), c.compute_dtype))
+        cross = cross_attention_mask(tokens, encoder_input_tokens, decoder_segment_ids, encoder_segment_ids,
+                                     c.pad_token_id)  # fmt: skip
+        self_mask, cross = (mask.for_kernel(c.attention_kernel, c.compute_dtype) for mask in (self_mask, cross))
+        return self.decoder(tokens, positions, self_mask, encoded, cross, enable_dropout, cache)
 
     def logits(self, hidden_states: Array) -> Array:
         """The decoder's final hidden states [b, t, embed] -> logits float32 [b, t, vocab]."""

@@ -21,7 +21,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.layers.attention import MultiHeadAttention, mask_to_bias, pairwise_mask
+from ptmjax.layers.attention import MultiHeadAttention
+from ptmjax.layers.attention_mask import AttentionMask, encoder_attention_mask
 from ptmjax.layers.common import HIDDEN_AXES, dtype_kwargs
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.embed import Embed
@@ -183,14 +184,14 @@ class PostLNLayer(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, x: Array, bias: Array, enable_dropout: bool = False) -> Array:
-        """x [b, s, embed], bias [b, 1, s, s] -> [b, s, embed]."""
+    def __call__(self, x: Array, mask: AttentionMask, enable_dropout: bool = False) -> Array:
+        """x [b, s, embed], mask of [b, 1, s, s] -> [b, s, embed]."""
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
             attention_kernel=c.attention_kernel, name="attention", **dtype_kwargs(c),
-        )(x, x, bias, enable_dropout)  # fmt: skip
+        )(x, x, mask, enable_dropout)  # fmt: skip
         x = LayerNorm(c.layer_norm_epsilon, name="attention_layer_norm", **dtype_kwargs(c))(
             x + drop(h, deterministic=not enable_dropout)
         )
@@ -238,10 +239,9 @@ class PostLNEncoder(nn.Module):
         if c.embedding_size is not None:
             x = self.embedding_projection(x)  # [b, s, d_model]
         x = nn.with_logical_constraint(x, HIDDEN_AXES)
-        valid = input_tokens != c.pad_token_id
-        bias = mask_to_bias(pairwise_mask(valid, valid), x.dtype)  # [b, 1, s, s]
+        mask = encoder_attention_mask(input_tokens, pad_token_id=c.pad_token_id).for_kernel(c.attention_kernel, x.dtype)
         return apply_layers(
-            PostLNLayer, c, c.layer_groups, x, bias, enable_dropout=enable_dropout,
+            PostLNLayer, c, c.layer_groups, x, mask, enable_dropout=enable_dropout,
             repeats=c.num_layers // c.layer_groups,
         )  # fmt: skip
 

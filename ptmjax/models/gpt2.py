@@ -16,13 +16,8 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from ptmjax.layers.attention import (
-    CacheSlots,
-    MultiHeadAttention,
-    cached_self_mask,
-    mask_to_bias,
-    prefix_lm_self_mask,
-)
+from ptmjax.layers.attention import CacheSlots, MultiHeadAttention, cached_self_mask
+from ptmjax.layers.attention_mask import AttentionMask, decoder_attention_mask, mask_to_bias, prefix_lm_self_mask
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
 from ptmjax.layers.embed import Embed
 from ptmjax.layers.layer_stack import apply_layers
@@ -88,15 +83,17 @@ class GPT2Block(nn.Module):
     use_moe: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, bias: Array, cache: CacheSlots | None = None, enable_dropout: bool = False) -> Array:
-        """x [b, t, embed], bias [b, 1, t, t] (decoding: [b, 1, t, cache.length]) -> [b, t, embed]."""
+    def __call__(
+        self, x: Array, mask: AttentionMask, cache: CacheSlots | None = None, enable_dropout: bool = False
+    ) -> Array:
+        """x [b, t, embed], mask of [b, 1, t, t] (decoding: [b, 1, t, cache.length]) -> [b, t, embed]."""
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
         h = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
             attention_kernel=c.attention_kernel, name="attention", **dtype_kwargs(c),
-        )(h, h, bias, enable_dropout, cache)  # fmt: skip
+        )(h, h, mask, enable_dropout, cache)  # fmt: skip
         x = x + drop(h, deterministic=not enable_dropout)
         h = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
         if self.use_moe:
@@ -157,12 +154,16 @@ class GPT2(nn.Module):
         positions = sequential_positions(tokens) if decoder_positions is None else decoder_positions
         x = self.token_embedder(tokens) + self.position_embedder(positions)  # [b, t, embed]
         x = nn.with_logical_constraint(self.dropout(x, deterministic=not enable_dropout), HIDDEN_AXES)
-        if cache is None:
-            mask = prefix_lm_self_mask(length, decoder_causal_attention, decoder_segment_ids, batch)  # [b, 1, t, t]
-        else:
-            mask = cached_self_mask(cache, length, decoder_segment_ids, decoder_causal_attention)
-        bias = mask_to_bias(mask, x.dtype)
-        x = apply_layers(GPT2Block, self.config, self.config.num_layers, x, bias, cache, enable_dropout=enable_dropout)
+        if cache is None and decoder_causal_attention is None:
+            mask = decoder_attention_mask(tokens, decoder_segment_ids)
+        else:  # the prefix LM's bidirectional prefix and the cache's slots have no structured form
+            dense = (
+                prefix_lm_self_mask(length, decoder_causal_attention, decoder_segment_ids, batch) if cache is None
+                else cached_self_mask(cache, length, decoder_segment_ids, decoder_causal_attention)
+            )  # fmt: skip
+            mask = AttentionMask(mask_to_bias(dense, x.dtype))
+        mask = mask.for_kernel(self.config.attention_kernel, x.dtype)
+        x = apply_layers(GPT2Block, self.config, self.config.num_layers, x, mask, cache, enable_dropout=enable_dropout)
         return nn.with_logical_constraint(self.decoder_norm(x), HIDDEN_AXES)
 
     def __call__(

@@ -20,7 +20,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.layers.attention import MultiHeadAttention, mask_to_bias
+from ptmjax.layers.attention import MultiHeadAttention
+from ptmjax.layers.attention_mask import mask_to_bias
 from ptmjax.layers.common import dtype_kwargs
 from ptmjax.layers.embed import Embed
 from ptmjax.layers.mlp import MlpBlock

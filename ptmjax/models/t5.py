@@ -14,12 +14,12 @@ import gin
 import jax
 import jax.numpy as jnp
 
-from ptmjax.layers.attention import (
-    CacheSlots,
-    MultiHeadAttention,
-    cross_mask,
-    decoder_self_mask,
-    encoder_self_mask,
+from ptmjax.layers.attention import CacheSlots, MultiHeadAttention
+from ptmjax.layers.attention_mask import (
+    AttentionMask,
+    cross_attention_mask,
+    decoder_attention_mask,
+    encoder_attention_mask,
     mask_to_bias,
 )
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
@@ -102,15 +102,15 @@ class EncoderLayer(nn.Module):
     use_moe: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, bias: Array, enable_dropout: bool = False) -> Array:
-        """x [b, s, embed], bias [b|1, heads, s, s] -> [b, s, embed]."""
+    def __call__(self, x: Array, mask: AttentionMask, enable_dropout: bool = False) -> Array:
+        """x [b, s, embed], mask of [b, heads, s, s] -> [b, s, embed]."""
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.dropout_rate, attention_kernel=c.attention_kernel, name="attention",
             **dtype_kwargs(c),
-        )(h, h, bias, enable_dropout)
+        )(h, h, mask, enable_dropout)
         x = x + drop(h, deterministic=not enable_dropout)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
         h = _feed_forward(c, self.use_moe)(h, enable_dropout)
@@ -127,12 +127,12 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: Array, encoded: Array | None, self_bias: Array, cross_bias: Array, cache: CacheSlots | None = None,
-        enable_dropout: bool = False,
-    ) -> Array:
-        """x [b, t, embed], encoded [b, s, embed], self_bias [b|1, h, t, t], cross_bias [b, 1, t, s].
+        self, x: Array, encoded: Array | None, self_mask: AttentionMask, cross_mask: AttentionMask,
+        cache: CacheSlots | None = None, enable_dropout: bool = False,
+    ) -> Array:  # fmt: skip
+        """x [b, t, embed], encoded [b, s, embed], self_mask of [b, h, t, t], cross_mask of [b, h, t, s].
 
-        Decoding (`cache`): self_bias covers the cache slots [.., t, cache.length]; encoded is None
+        Decoding (`cache`): self_mask covers the cache slots [.., t, cache.length]; encoded is None
         after the first call (the cross-attention keys are cached).
         """
         c = self.config
@@ -142,11 +142,11 @@ class DecoderLayer(nn.Module):
             attention_kernel=c.attention_kernel, **dtype_kwargs(c),
         )  # fmt: skip
         h = RMSNorm(c.layer_norm_epsilon, name="pre_self_attention_layer_norm", **dtype_kwargs(c))(x)
-        h = MultiHeadAttention(name="self_attention", **attn)(h, h, self_bias, enable_dropout, cache)
+        h = MultiHeadAttention(name="self_attention", **attn)(h, h, self_mask, enable_dropout, cache)
         x = x + drop(h, deterministic=not enable_dropout)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_cross_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(name="encoder_decoder_attention", cross_attention=True, **attn)(
-            h, encoded, cross_bias, enable_dropout, cache
+            h, encoded, cross_mask, enable_dropout, cache
         )
         x = x + drop(h, deterministic=not enable_dropout)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
@@ -191,8 +191,8 @@ class Encoder(nn.Module):
         drop = nn.Dropout(c.dropout_rate)
         pos = _positions(tokens, positions)
         x, bias = _embed_with_position_bias(c, self.shared_embedding, drop, tokens, pos, pos, True, enable_dropout)
-        bias = bias + mask_to_bias(encoder_self_mask(tokens, segment_ids), c.compute_dtype)  # [b, h, s, s]
-        x = apply_layers(EncoderLayer, c, c.num_encoder_layers, x, bias, enable_dropout=enable_dropout)
+        mask = encoder_attention_mask(tokens, segment_ids, bias=bias).for_kernel(c.attention_kernel, c.compute_dtype)
+        x = apply_layers(EncoderLayer, c, c.num_encoder_layers, x, mask, enable_dropout=enable_dropout)
         x = RMSNorm(c.layer_norm_epsilon, name="encoder_norm", **dtype_kwargs(c))(x)
         return nn.with_logical_constraint(drop(x, deterministic=not enable_dropout), HIDDEN_AXES)
 
@@ -229,20 +229,20 @@ class Decoder(nn.Module):
         drop = nn.Dropout(c.dropout_rate)
         if cache is None:
             query_pos = key_pos = _positions(tokens, positions)
-            self_mask = decoder_self_mask(tokens, segment_ids)  # [b, 1, t, t]
         else:
             query_pos, key_pos = cache.query_slots(tokens.shape[1])[None], cache.key_slots()[None]
-            self_mask = cache.causal_mask(tokens.shape[1])  # [1, 1, t, cache length]
         x, self_bias = _embed_with_position_bias(
             c, self.shared_embedding, drop, tokens, query_pos, key_pos, False, enable_dropout
         )
-        self_bias = self_bias + mask_to_bias(self_mask, c.compute_dtype)
-        cross = cross_mask(tokens, encoder_tokens, segment_ids, encoder_segment_ids)
-        cross_bias = mask_to_bias(cross, c.compute_dtype)  # [b, 1, t, s]
+        if cache is None:
+            self_mask = decoder_attention_mask(tokens, segment_ids, self_bias)
+        else:  # causal over the cache slots [1, 1, t, cache length]: no structured form
+            self_mask = AttentionMask(self_bias + mask_to_bias(cache.causal_mask(tokens.shape[1]), c.compute_dtype))
+        cross_mask = cross_attention_mask(tokens, encoder_tokens, segment_ids, encoder_segment_ids)
+        masks = (mask.for_kernel(c.attention_kernel, c.compute_dtype) for mask in (self_mask, cross_mask))
         x = apply_layers(
-            DecoderLayer, c, c.num_decoder_layers, x, encoded, self_bias, cross_bias, cache,
-            enable_dropout=enable_dropout,
-        )  # fmt: skip
+            DecoderLayer, c, c.num_decoder_layers, x, encoded, *masks, cache, enable_dropout=enable_dropout
+        )
         x = RMSNorm(c.layer_norm_epsilon, name="decoder_norm", **dtype_kwargs(c))(x)
         return drop(x, deterministic=not enable_dropout)  # [b, t, embed]
 
