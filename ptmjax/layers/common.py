@@ -1,4 +1,5 @@
-"""What every layer and model family shares: dtypes by name, activation axis names, input checks."""
+"""What every layer and model family shares: dtypes by name, activation axis names, input checks, and
+the platform that layers compile for."""
 
 from __future__ import annotations
 
@@ -26,3 +27,11 @@ def check_token_inputs(name: str, tokens: Array, **companions: Array | None) -> 
     for other_name, other in companions.items():
         if other is not None and other.shape != tokens.shape:
             raise ValueError(f"{other_name} has shape {other.shape} but {name} has {tokens.shape}; they must match.")
+
+
+def target_platform() -> str:
+    """The platform layers compile for: that of the mesh's devices (`jax.set_mesh`, as the Trainer and
+    `ptmjax compile` set it), else JAX's default backend."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else mesh.abstract_device
+    return jax.default_backend() if device is None else device.platform

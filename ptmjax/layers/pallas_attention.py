@@ -47,6 +47,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
 from ptmjax.layers.attention_mask import AttentionMask
+from ptmjax.layers.common import target_platform
 
 Array = jax.Array
 SegmentIds = tpu_flash.SegmentIds
@@ -122,13 +123,6 @@ def _padded(x: Array, axis: int, length: int, value: int = 0) -> Array:
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, length - x.shape[axis])
     return jnp.pad(x, widths, constant_values=value)
-
-
-def target_platform() -> str:
-    """The platform attention runs on: that of the mesh's devices (`jax.set_mesh`), else the default backend."""
-    mesh = jax.sharding.get_abstract_mesh()
-    device = None if mesh.empty else mesh.abstract_device
-    return jax.default_backend() if device is None else device.platform
 
 
 def tpu_flash_attention(query: Array, key: Array, value: Array, mask: AttentionMask) -> Array:

@@ -1,7 +1,7 @@
 """bf16 matmuls accumulate in float32, forward and backward (ptmjax/layers/mixed_precision.py).
 
 The einsum and its gradients against float64 numpy on the same bf16-rounded inputs; the backward
-pass's dots take bf16 operands only; float32 is plain `jnp.einsum` / `lax.dot_general`, bit for bit;
+pass's dots take bf16 operands only; float32, and bf16 off the CPU, is plain `jnp.einsum` / `lax.dot_general`;
 bf16 T5 and GPT-2 track their float32 selves, and one bf16 training step on (data=2, fsdp=2,
 tensor=2), with scanned and rematerialised layers, equals the step on one device; the remat policy
 'save_dot_products' still keeps the weight matmuls' outputs; the MoE block's einsums likewise (expert mesh).
@@ -127,6 +127,20 @@ def test_float32_is_plain_einsum_bit_for_bit(name):
     np.testing.assert_array_equal(
         mixed_precision.einsum(spec, a, jnp.asarray(b, jnp.bfloat16)), jnp.einsum(spec, a, jnp.asarray(b, jnp.bfloat16))
     )
+
+
+@pytest.mark.parametrize("platform", ["tpu", "gpu"])
+def test_bf16_off_the_cpu_is_plain_einsum_and_dot_general(monkeypatch, platform):
+    """TPUs and GPUs accumulate bf16 matmuls in float32 themselves: their layers get the plain dots."""
+    monkeypatch.setattr(mixed_precision, "target_platform", lambda: platform)
+    spec, a_shape, b_shape = SPECS["logits"][:3]
+    a, b = bf16_normal(0, a_shape), bf16_normal(1, b_shape)
+    einsum = jax.make_jaxpr(lambda a, b: mixed_precision.einsum(spec, a, b))(a, b)
+    assert str(einsum) == str(jax.make_jaxpr(lambda a, b: jnp.einsum(spec, a, b))(a, b))
+    numbers = (((3,), (3,)), ((0,), (0,)))
+    dot = jax.make_jaxpr(lambda a, b: mixed_precision.dot_general(a, b, numbers))(a, b)
+    assert str(dot) == str(jax.make_jaxpr(lambda a, b: jax.lax.dot_general(a, b, numbers))(a, b))
+    assert "custom_vjp" not in str(einsum) + str(dot)
 
 
 @pytest.mark.parametrize("spec, a_shape, b_shape", [
