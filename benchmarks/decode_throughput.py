@@ -1,31 +1,32 @@
 """Decoding throughput of T5-small and GPT-2-small, greedy and beam search, against Hugging Face PyTorch.
 
     python benchmarks/decode_throughput.py [--batches 1,32] [--new-tokens 32] [--models t5,gpt2]
-        [--methods greedy,beam] [--beams 4] [--repeats 3] [--quick]
+        [--methods greedy,beam] [--beams 4] [--repeats 3] [--device cpu|gpu] [--quick]
 
 Both frameworks decode with the same weights (a randomly initialised Hugging Face model, its final
-norm scaled so that logits are peaked, converted with ptmjax.convert's hf_to_params), in float32,
-on this machine's CPU, in one run: T5 v1.0 small (vocab 32128, d_model 512, 8 heads x 64, d_ff 2048,
-6+6 layers) from 64 encoder tokens per row, and GPT-2 small (vocab 50257, d_model 768, 12 heads,
-12 layers, d_ff 3072, 1024 positions) from 32-token prompts; the prompts are the same random tokens.
-ptmjax runs `ModelApi.predict` (key/value cache, lax.while_loop), HF `model.generate` (its dynamic
-cache) under torch.inference_mode with torch threads = the CPU cores. Beam search: --beams beams,
-length penalty 0 (HF length_penalty=0.0, ptmjax length_penalty_alpha=0.0), HF early_stopping=False,
-one sequence returned.
+norm scaled so that logits are peaked, converted with ptmjax.convert's hf_to_params), in float32, on
+one --device (this machine's CPU by default; on a GPU both multiply in full float32, JAX's matmul
+precision 'highest' against PyTorch's default, no TF32), in one run: T5 v1.0 small (vocab 32128,
+d_model 512, 8 heads x 64, d_ff 2048, 6+6 layers) from 64 encoder tokens per row, and GPT-2 small
+(vocab 50257, d_model 768, 12 heads, 12 layers, d_ff 3072, 1024 positions) from 32-token prompts;
+the prompts are the same random tokens. ptmjax runs `ModelApi.predict` (key/value cache,
+lax.while_loop), HF `model.generate` (its dynamic cache) under torch.inference_mode with torch
+threads = the CPU cores. Beam search: --beams beams, length penalty 0 (HF length_penalty=0.0, ptmjax
+length_penalty_alpha=0.0), HF early_stopping=False, one sequence returned.
 
 Every decode runs to --new-tokens: both get an EOS id outside the vocabulary (the vocabulary size),
 which no step can emit, so greedy rows never finish early and beam search finishes its beams only at
 the last step (the script checks the output lengths).
 
 Tokens/s = batch x new tokens / seconds (beams do not multiply it); each timing is the median of
---repeats runs after one warm-up run. MFU divides the decode's model FLOPs per second by this
-machine's float32 matmul peak (the best 2048x2048 matmul of JAX, NumPy or PyTorch, measured in the
-same run, as benchmarks/train_throughput.py does); the model FLOPs are a forward pass over the
-prompt and every beam's generated tokens (encoder once per input; logits only where a token is
-generated), so padding slots of the fixed-size cache and beam reordering earn no credit.
-ptmjax's compile time (jit lower + compile) is excluded from the timings and printed in its own
-column. 'same tokens' compares the two frameworks' outputs on the benchmark batch: rows whose
-generated tokens are all equal. --quick is a smoke test: tiny models
+--repeats runs after one warm-up run. MFU divides the decode's model FLOPs per second by the
+device's float32 matmul peak, measured in the same run as benchmarks/train_throughput.py does (the
+best 2048x2048 matmul of JAX, NumPy or PyTorch on the CPU, 8192x8192 of JAX or PyTorch on a GPU);
+the model FLOPs are a forward pass over the prompt and every beam's generated tokens (encoder once
+per input; logits only where a token is generated), so padding slots of the fixed-size cache and
+beam reordering earn no credit. ptmjax's compile time (jit lower + compile) is excluded from the
+timings and printed in its own column. 'same tokens' compares the two frameworks' outputs on the
+benchmark batch: rows whose generated tokens are all equal. --quick is a smoke test: tiny models
 (vocab 256, d_model 32, 2 layers), 8-token prompts, batch 2, 4 new tokens, 1 timed run (flags still
 override). Prints a table; asserts nothing about time.
 """
@@ -44,22 +45,21 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from train_throughput import matmul_peak_flops  # noqa: E402  (run as a script: benchmarks/ is on the path)
+from train_throughput import (  # noqa: E402  (run as a script: benchmarks/ is on the path)
+    GPT2_SMALL,
+    T5_SMALL,
+    TORCH_DEVICES,
+    matmul_peak_flops,
+    torch_synchronize,
+    use_device,
+)
 
 from ptmjax.convert import hf_gpt2, hf_t5  # noqa: E402
 from ptmjax.decoding import DecodeConfig, GenerationIds  # noqa: E402
-from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config  # noqa: E402
+from ptmjax.models import GPT2, EncoderDecoder  # noqa: E402
 from ptmjax.models.flops import t5_forward_flops  # noqa: E402
 from ptmjax.training.model_api import model_api  # noqa: E402
 
-T5_SMALL = T5Config(
-    vocab_size=32128, d_model=512, num_heads=8, head_dim=64, d_ff=2048, num_encoder_layers=6,
-    num_decoder_layers=6, ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0,
-)  # fmt: skip
-GPT2_SMALL = GPT2Config(
-    vocab_size=50257, d_model=768, num_heads=12, num_layers=12, d_ff=3072, max_length=1024, dropout_rate=0.0,
-    attention_dropout_rate=0.0,
-)  # fmt: skip
 T5_TINY = dataclasses.replace(
     T5_SMALL, vocab_size=256, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=2,
     num_decoder_layers=2,
@@ -93,8 +93,8 @@ def models(quick: bool) -> dict[str, Model]:
     }
 
 
-def build(model: Model) -> tuple[Any, Any]:
-    """-> (HF model in eval mode, ptmjax params on the device): the same random float32 weights."""
+def build(model: Model, device: str) -> tuple[Any, Any]:
+    """-> (HF model in eval mode on `device`, ptmjax params on JAX's device): the same random float32 weights."""
     import torch
 
     torch.manual_seed(0)
@@ -102,7 +102,7 @@ def build(model: Model) -> tuple[Any, Any]:
     with torch.no_grad():  # HF's init gives flat logits (near-ties make greedy tokens framework-dependent)
         hf.get_parameter(model.final_norm).mul_(model.sharpen)
     params = model.converter.hf_to_params({k: v.numpy() for k, v in hf.state_dict().items()}, model.config)
-    return hf, jax.device_put(params["params"])
+    return hf.to(TORCH_DEVICES[device]), jax.device_put(params["params"])
 
 
 def decode_flops(model: Model, batch: int, beams: int, new_tokens: int) -> float:
@@ -148,11 +148,13 @@ def ptmjax_decoder(model: Model, params: Any, tokens: np.ndarray, config: Decode
     return compile_seconds, run
 
 
-def hf_decoder(model: Model, hf: Any, tokens: np.ndarray, method: str, beams: int, new_tokens: int) -> Callable:
+def hf_decoder(
+    model: Model, hf: Any, tokens: np.ndarray, method: str, beams: int, new_tokens: int, device: str
+) -> Callable:
     """-> run() -> generated tokens [batch, new tokens] as numpy."""
     import torch
 
-    input_ids = torch.from_numpy(tokens).long()
+    input_ids = torch.from_numpy(tokens).long().to(TORCH_DEVICES[device])
     kwargs = dict(
         input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
         num_beams=1 if method == "greedy" else beams, num_return_sequences=1, max_new_tokens=new_tokens, min_length=0,
@@ -165,7 +167,9 @@ def hf_decoder(model: Model, hf: Any, tokens: np.ndarray, method: str, beams: in
 
     def run() -> np.ndarray:
         with torch.inference_mode():
-            return hf.generate(**kwargs).numpy()[:, prompt:]
+            out = hf.generate(**kwargs)
+        torch_synchronize(device)
+        return out.cpu().numpy()[:, prompt:]
 
     return run
 
@@ -189,8 +193,12 @@ def main() -> None:
     parser.add_argument("--methods", default="greedy,beam")
     parser.add_argument("--beams", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per row (default 3; --quick 1)")
+    parser.add_argument("--device", choices=sorted(TORCH_DEVICES), default="cpu")
     parser.add_argument("--quick", action="store_true", help="tiny models and batches: a smoke test")
     args = parser.parse_args()
+    use_device(args.device)
+    if args.device != "cpu":
+        jax.config.update("jax_default_matmul_precision", "highest")  # full float32, as PyTorch's default
     batches = [int(b) for b in (args.batches or ("2" if args.quick else "1,32")).split(",")]
     new_tokens = args.new_tokens or (4 if args.quick else 32)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -202,10 +210,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(os.cpu_count())
-    print(f"{new_tokens} new tokens per row, median of {repeats} runs, float32 on {os.cpu_count()} CPU cores "
+    where = f"{os.cpu_count()} CPU cores" if args.device == "cpu" else jax.devices()[0].device_kind
+    print(f"{new_tokens} new tokens per row, median of {repeats} runs, float32 on {where} "
           f"(torch threads {torch.get_num_threads()}, JAX {jax.default_backend()}); beam search: {args.beams} beams\n")
-    peak = max(matmul_peak_flops().values())
-    print(f"float32 matmul peak of this machine: {peak / 1e9:.1f} GFLOP/s\n")
+    peak = max(matmul_peak_flops(args.device).values())
+    print(f"float32 matmul peak of this device: {peak / 1e9:.1f} GFLOP/s\n")
     header = (f"{'model':<15}{'method':<8}{'batch':>6}{'ptmjax tok/s':>14}{'HF tok/s':>10}{'ptmjax/HF':>11}"
               f"{'ptmjax MFU':>12}{'HF MFU':>8}{'ptmjax compile s':>18}{'same tokens':>13}")
     print(header)
@@ -213,14 +222,16 @@ def main() -> None:
     registry = models(args.quick)
     for name in args.models.split(","):
         model = registry[name]
-        hf, params = build(model)
+        hf, params = build(model, args.device)
         for method in methods:
             config = decode_config(method, args.beams, new_tokens)
             for batch in batches:
                 tokens = prompts(model, batch)
                 compile_seconds, ours = ptmjax_decoder(model, params, tokens, config)
                 our_seconds, our_tokens = timed(ours, repeats)
-                hf_seconds, hf_tokens = timed(hf_decoder(model, hf, tokens, method, args.beams, new_tokens), repeats)
+                hf_seconds, hf_tokens = timed(
+                    hf_decoder(model, hf, tokens, method, args.beams, new_tokens, args.device), repeats
+                )
                 for out in (our_tokens, hf_tokens):  # both ran to the end (no EOS can occur)
                     assert out.shape == (batch, new_tokens), out.shape
                 same = int((our_tokens == hf_tokens).all(axis=1).sum())

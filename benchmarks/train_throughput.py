@@ -1,17 +1,23 @@
-"""Training throughput and MFU of T5-small or GPT-2 small, against Hugging Face PyTorch.
+"""Training throughput and MFU of T5 or GPT-2 shapes, against Hugging Face PyTorch, on CPU, GPU or TPU.
 
-    python benchmarks/train_throughput.py [--model t5|gpt2] [--dtype float32|bfloat16] [--steps 5] [--batch 8]
+    python benchmarks/train_throughput.py [--model t5|t5-base|t5-large|gpt2|gpt2-1b] [--dtype float32|bfloat16]
+        [--device cpu|gpu|tpu] [--attention einsum|xla|cudnn|pallas_tpu_flash] [--steps 5] [--batch 8]
         [--inputs 512] [--targets 114]
 
 Both frameworks train the same configuration with dropout off and AdamW, on
-the same random token batch, on this machine's CPU, in one run: T5 v1.0 small
-(60M parameters) on `--inputs` and `--targets` tokens, or GPT-2 small (124M)
-on `--inputs` tokens, each predicting the next (the last position has no
-target, as in transformers' shifted labels). `--dtype bfloat16` computes in
-bfloat16 with float32 parameters: ptmjax's config `dtype`, PyTorch's
-`torch.autocast`. Model FLOP utilisation divides the model's FLOPs per second
-by this machine's matmul peak: the best float32 2048x2048 matmul that JAX,
-NumPy or PyTorch reaches here, measured in the same run.
+the same random token batch, on one `--device` (this machine's CPU by
+default), in one run: T5 v1.0 small (60M parameters), base (223M) or large
+(738M) on `--inputs` and `--targets` tokens, or GPT-2 small (124M) or a
+GPT-2 of GPT-3 XL's shapes (1.3B) on `--inputs` tokens, each predicting the
+next (the last position has no target, as in transformers' shifted labels).
+`--dtype bfloat16` computes in bfloat16 with float32 parameters: ptmjax's
+config `dtype`, PyTorch's `torch.autocast`. `--attention` is ptmjax's
+`attention_kernel` (PyTorch keeps transformers' default). Model FLOP
+utilisation divides the model's FLOPs per second by the device's matmul peak
+measured in the same run: on the CPU the best float32 2048x2048 matmul of
+JAX, NumPy or PyTorch; on an accelerator the best 8192x8192 matmul of JAX or
+PyTorch in the compute dtype. On an accelerator the table also gives each
+framework's peak device memory. PyTorch runs on CPU and GPU only.
 
 Each framework runs in a child process of its own. `import ptmjax` sets
 glibc's malloc to keep freed memory (`ptmjax/host_malloc.py`), which speeds
@@ -39,6 +45,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ptmjax import partitioning  # noqa: E402
+from ptmjax.layers.attention import ATTENTION_KERNELS  # noqa: E402
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config  # noqa: E402
 from ptmjax.models.flops import gpt2_training_flops, t5_training_flops  # noqa: E402
 from ptmjax.training.losses import LossConfig  # noqa: E402
@@ -53,20 +60,51 @@ GPT2_SMALL = GPT2Config(
     vocab_size=50257, d_model=768, num_heads=12, num_layers=12, d_ff=3072, max_length=1024, dropout_rate=0.0,
     attention_dropout_rate=0.0,
 )
-TITLES = {"t5": "T5 v1.0 small", "gpt2": "GPT-2 small"}
+T5_BASE = dataclasses.replace(T5_SMALL, d_model=768, num_heads=12, d_ff=3072, num_encoder_layers=12,
+                              num_decoder_layers=12)  # fmt: skip
+T5_LARGE = dataclasses.replace(T5_SMALL, d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=24,
+                               num_decoder_layers=24)  # fmt: skip
+GPT2_1B = dataclasses.replace(GPT2_SMALL, d_model=2048, num_heads=16, num_layers=24, d_ff=8192, max_length=2048)
+CONFIGS = {"t5": T5_SMALL, "t5-base": T5_BASE, "t5-large": T5_LARGE, "gpt2": GPT2_SMALL, "gpt2-1b": GPT2_1B}
+TITLES = {"t5": "T5 v1.0 small", "t5-base": "T5 v1.0 base", "t5-large": "T5 v1.0 large", "gpt2": "GPT-2 small",
+          "gpt2-1b": "GPT-2 1.3B (GPT-3 XL shapes)"}  # fmt: skip
+JAX_PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}  # --device -> JAX's platform
+TORCH_DEVICES = {"cpu": "cpu", "gpu": "cuda"}  # --device -> PyTorch's device (none for TPU)
 LEARNING_RATE = 1e-4
 
 
-def matmul_peak_flops(size: int = 2048, repeats: int = 10) -> dict[str, float]:
-    """The best float32 matmul FLOP/s each library reaches on this machine."""
+def use_device(device: str) -> None:
+    """Make JAX compute on `device` (before its first computation)."""
+    jax.config.update("jax_platforms", JAX_PLATFORMS[device])
+
+
+def is_decoder_only(model: str) -> bool:
+    return isinstance(CONFIGS[model], GPT2Config)
+
+
+def torch_synchronize(device: str) -> None:
+    """Wait for PyTorch's queued work on `device` (a no-op on the CPU)."""
+    if device == "gpu":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def matmul_peak_flops(device: str = "cpu", dtype: str = "float32", repeats: int = 10) -> dict[str, float]:
+    """The best matmul FLOP/s each library reaches on `device`: float32 2048x2048 on the CPU, `dtype`
+    8192x8192 on an accelerator."""
+    size, dtype = (2048, "float32") if device == "cpu" else (8192, dtype)
     a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
-    jax_a, jax_matmul = jnp.asarray(a), jax.jit(lambda x: x @ x)
-    candidates = {"jax": lambda: jax_matmul(jax_a).block_until_ready(), "numpy": lambda: a @ a}
+    jax_a, jax_matmul = jnp.asarray(a, dtype), jax.jit(lambda x: x @ x)
+    candidates = {"jax": lambda: jax_matmul(jax_a).block_until_ready()}
+    if device == "cpu":
+        candidates["numpy"] = lambda: a @ a
     try:
         import torch
 
-        torch_a = torch.from_numpy(a)
-        candidates["torch"] = lambda: torch_a @ torch_a
+        if device in TORCH_DEVICES:
+            torch_a = torch.from_numpy(a).to(TORCH_DEVICES[device], getattr(torch, dtype))
+            candidates["torch"] = lambda: (torch_a @ torch_a, torch_synchronize(device))
     except ImportError:
         pass
     peaks = {}
@@ -79,9 +117,8 @@ def matmul_peak_flops(size: int = 2048, repeats: int = 10) -> dict[str, float]:
 def random_batch(batch: int, inputs: int, targets: int, model: str = "t5") -> dict[str, np.ndarray]:
     """The ptmjax batch of `model`: T5's inputs and targets, or GPT-2's tokens and their next tokens."""
     rng = np.random.default_rng(0)
-    vocab = T5_SMALL.vocab_size if model == "t5" else GPT2_SMALL.vocab_size
-    tokens = lambda length: rng.integers(2, vocab, (batch, length)).astype(np.int32)  # noqa: E731
-    if model == "gpt2":
+    tokens = lambda length: rng.integers(2, CONFIGS[model].vocab_size, (batch, length)).astype(np.int32)  # noqa: E731
+    if is_decoder_only(model):
         decoder_inputs = tokens(inputs)
         weights = np.ones_like(decoder_inputs)
         weights[:, -1] = 0  # the last position has no next token
@@ -96,18 +133,18 @@ def random_batch(batch: int, inputs: int, targets: int, model: str = "t5") -> di
 
 
 def training_flops(model: str, batch: int, inputs: int, targets: int) -> float:
-    if model == "gpt2":
-        return gpt2_training_flops(GPT2_SMALL, batch, inputs)
-    return t5_training_flops(T5_SMALL, batch, inputs, targets)
+    if is_decoder_only(model):
+        return gpt2_training_flops(CONFIGS[model], batch, inputs)
+    return t5_training_flops(CONFIGS[model], batch, inputs, targets)
 
 
-def make_trainer(model: str = "t5", dtype: str = "float32") -> Trainer:
-    """The ptmjax trainer of `model` computing in `dtype` on this host's devices: AdamW at a constant learning rate,
-    no z-loss."""
+def make_trainer(model: str = "t5", dtype: str = "float32", attention: str = "einsum") -> Trainer:
+    """The ptmjax trainer of `model` computing in `dtype` with `attention` on this host's devices: AdamW at a
+    constant learning rate, no z-loss."""
     mesh_config = partitioning.MeshConfig()
     schedule = lambda step: LEARNING_RATE  # noqa: E731
-    config = dataclasses.replace(GPT2_SMALL if model == "gpt2" else T5_SMALL, dtype=dtype)
-    module = GPT2(config) if model == "gpt2" else EncoderDecoder(config)
+    config = dataclasses.replace(CONFIGS[model], dtype=dtype, attention_kernel=attention)
+    module = GPT2(config) if is_decoder_only(model) else EncoderDecoder(config)
     return Trainer(
         module, adamw(schedule, weight_decay=0.0, max_grad_norm=None), schedule, partitioning.make_mesh(mesh_config),
         mesh_config.rules, LossConfig(z_loss=0.0),
@@ -115,13 +152,15 @@ def make_trainer(model: str = "t5", dtype: str = "float32") -> Trainer:
 
 
 def time_ptmjax(
-    batch: dict[str, np.ndarray], steps: int, model: str = "t5", dtype: str = "float32"
-) -> tuple[list[float], float]:
-    """Each step's seconds, and the loss of the last step."""
-    trainer = make_trainer(model, dtype)
+    batch: dict[str, np.ndarray], steps: int, model: str = "t5", dtype: str = "float32", attention: str = "einsum"
+) -> tuple[list[float], float, int | None]:
+    """Each step's seconds, the loss of the last step, and the device's peak bytes in use (None on the CPU)."""
+    trainer = make_trainer(model, dtype, attention)
     state = trainer.init_state(jax.random.key(0))
-    _, times, metrics = timed_steps(trainer, state, partitioning.global_batch(batch, trainer.mesh), steps)
-    return times, float(metrics["loss"])
+    first, times, metrics = timed_steps(trainer, state, partitioning.global_batch(batch, trainer.mesh), steps)
+    print(f"ptmjax: first step (compiling) {first:.1f} s", file=sys.stderr)
+    stats = jax.devices()[0].memory_stats() or {}
+    return times, float(metrics["loss"]), stats.get("peak_bytes_in_use")
 
 
 def timed_steps(trainer: Trainer, state: Any, batch: dict[str, Any], steps: int) -> tuple[float, list[float], Any]:
@@ -141,14 +180,13 @@ def hf_model(model: str) -> Any:
     """The transformers model of the same configuration, in train mode."""
     import transformers
 
-    if model == "gpt2":
-        c = GPT2_SMALL
+    c = CONFIGS[model]
+    if is_decoder_only(model):
         return transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=c.vocab_size, n_embd=c.d_model, n_layer=c.num_layers, n_head=c.num_heads, n_inner=c.d_ff,
             n_positions=c.max_length, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
             attn_pdrop=0.0,
         )).train()  # fmt: skip
-    c = T5_SMALL
     return transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=c.vocab_size, d_model=c.d_model, d_kv=c.head_dim, d_ff=c.d_ff, num_layers=c.num_encoder_layers,
         num_decoder_layers=c.num_decoder_layers, num_heads=c.num_heads, feed_forward_proj="relu",
@@ -157,22 +195,25 @@ def hf_model(model: str) -> Any:
 
 
 def time_pytorch(
-    batch: dict[str, np.ndarray], steps: int, model: str = "t5", dtype: str = "float32"
-) -> list[float] | None:
-    """Each step's seconds in this process, or None without torch."""
+    batch: dict[str, np.ndarray], steps: int, model: str = "t5", dtype: str = "float32", device: str = "cpu"
+) -> tuple[list[float], int | None] | None:
+    """Each step's seconds in this process and the GPU's peak bytes allocated (None on the CPU), or None without
+    torch or on a device PyTorch does not run on here."""
     try:
         import torch
     except ImportError:
         return None
-    network = hf_model(model)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+    if device not in TORCH_DEVICES:
+        return None
+    torch_device = TORCH_DEVICES[device]
+    network = hf_model(model).to(torch_device)
+    autocast = torch.autocast(torch_device, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
     optimizer = torch.optim.AdamW(network.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
-    if model == "gpt2":  # transformers shifts the labels itself
-        tokens = torch.from_numpy(batch["decoder_input_tokens"]).long()
-        inputs = {"input_ids": tokens, "labels": tokens}
+    as_tensor = lambda name: torch.from_numpy(batch[name]).long().to(torch_device)  # noqa: E731
+    if is_decoder_only(model):  # transformers shifts the labels itself
+        inputs = {"input_ids": as_tensor("decoder_input_tokens"), "labels": as_tensor("decoder_input_tokens")}
     else:
-        inputs = {"input_ids": torch.from_numpy(batch["encoder_input_tokens"]).long(),
-                  "labels": torch.from_numpy(batch["decoder_target_tokens"]).long()}  # fmt: skip
+        inputs = {"input_ids": as_tensor("encoder_input_tokens"), "labels": as_tensor("decoder_target_tokens")}
 
     def step():
         with autocast:
@@ -180,9 +221,11 @@ def time_pytorch(
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        torch_synchronize(device)
 
     step()  # warm up
-    return [_timed(step) for _ in range(steps)]
+    times = [_timed(step) for _ in range(steps)]
+    return times, torch.cuda.max_memory_allocated() if device == "gpu" else None
 
 
 def _timed(fn) -> float:
@@ -194,16 +237,19 @@ def _timed(fn) -> float:
 PYTORCH_MALLOC = {"Hugging Face (PyTorch)": "0", "PyTorch, ptmjax's malloc": "1"}  # PTMJAX_KEEP_FREED_MEMORY
 
 
-def time_in_child(args: argparse.Namespace, framework: str, keep_freed_memory: str | None = None) -> list[float] | None:
-    """`framework`'s step times from a child process, whose glibc malloc `import ptmjax` sets as
-    `keep_freed_memory` says (None: as this process's environment says)."""
-    sizes = ["--model", args.model, "--dtype", args.dtype, "--steps", str(args.steps), "--batch", str(args.batch),
-             "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
+def time_in_child(
+    args: argparse.Namespace, framework: str, keep_freed_memory: str | None = None
+) -> tuple[list[float], int | None] | None:
+    """`framework`'s step times and peak device bytes from a child process, whose glibc malloc `import ptmjax` sets
+    as `keep_freed_memory` says (None: as this process's environment says)."""
+    sizes = ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--attention", args.attention,
+             "--steps", str(args.steps), "--batch", str(args.batch), "--inputs", str(args.inputs),
+             "--targets", str(args.targets)]  # fmt: skip
     env = dict(os.environ)
     if keep_freed_memory is not None:
         env["PTMJAX_KEEP_FREED_MEMORY"] = keep_freed_memory
-    out = subprocess.run([sys.executable, __file__, "--child", framework, *sizes], env=env, capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    out = subprocess.run([sys.executable, __file__, "--child", framework, *sizes], env=env, stdout=subprocess.PIPE,
+                         text=True, check=True)  # fmt: skip  (its errors and progress go to this stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -211,47 +257,59 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(TITLES), default="t5")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--device", choices=sorted(JAX_PLATFORMS), default="cpu")
+    parser.add_argument("--attention", choices=ATTENTION_KERNELS, default="einsum", help="ptmjax's attention_kernel")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=114, help="T5 only")
     parser.add_argument("--child", choices=["ptmjax", "pytorch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    use_device(args.device)
 
     batch = random_batch(args.batch, args.inputs, args.targets, args.model)
     if args.child == "ptmjax":
-        print(json.dumps(time_ptmjax(batch, args.steps, args.model, args.dtype)[0]))
+        times, _, peak_bytes = time_ptmjax(batch, args.steps, args.model, args.dtype, args.attention)
+        print(json.dumps([times, peak_bytes]))
         return
     if args.child == "pytorch":
-        print(json.dumps(time_pytorch(batch, args.steps, args.model, args.dtype)))
+        print(json.dumps(time_pytorch(batch, args.steps, args.model, args.dtype, args.device)))
         return
-    tokens = args.batch * (args.inputs + (args.targets if args.model == "t5" else 0))
+    decoder_only = is_decoder_only(args.model)
+    tokens = args.batch * (args.inputs + (0 if decoder_only else args.targets))
     flops = training_flops(args.model, args.batch, args.inputs, args.targets)
-    peaks = matmul_peak_flops()
+    peaks = matmul_peak_flops(args.device, args.dtype)
     peak = max(peaks.values())
-    lengths = f"inputs {args.inputs}, targets {args.targets}" if args.model == "t5" else f"length {args.inputs}"
-    print(f"{TITLES[args.model]}, batch {args.batch}, {lengths}, {args.dtype} compute: {flops / 1e9:.1f} GFLOP per "
-          f"training step")  # fmt: skip
-    print(f"Measured float32 2048x2048 matmul on {os.cpu_count()} CPU cores: "
-          + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in peaks.items())
-          + f" GFLOP/s; peak = {peak / 1e9:.1f} GFLOP/s\n")
+    lengths = f"length {args.inputs}" if decoder_only else f"inputs {args.inputs}, targets {args.targets}"
+    on_cpu = args.device == "cpu"
+    where = f"{os.cpu_count()} CPU cores" if on_cpu else jax.devices()[0].device_kind
+    print(f"{TITLES[args.model]}, batch {args.batch}, {lengths}, {args.dtype} compute, ptmjax attention "
+          f"{args.attention}: {flops / 1e9:.1f} GFLOP per training step")  # fmt: skip
+    print(f"Measured {'float32 2048' if on_cpu else args.dtype + ' 8192'} matmul on {where}: "
+          + ", ".join(f"{k} {v / 1e12:.3f}" for k, v in peaks.items())
+          + f" TFLOP/s; peak = {peak / 1e12:.3f} TFLOP/s\n")
 
     rows = {"ptmjax (JAX/XLA)": time_in_child(args, "ptmjax")}
-    for name, keep_freed_memory in PYTORCH_MALLOC.items():
+    for name, keep_freed_memory in PYTORCH_MALLOC.items() if on_cpu else [("Hugging Face (PyTorch)", None)]:
         rows[name] = time_in_child(args, "pytorch", keep_freed_memory)
-    print(f"{'framework':<26}{'step s (median)':>16}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}")
-    medians = {name: statistics.median(times) for name, times in rows.items() if times is not None}
+    measured = {name: row for name, row in rows.items() if row is not None}
+    memory = "" if on_cpu else f"{'peak GiB':>10}"
+    print(f"{'framework':<26}{'step s (median)':>16}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}{memory}")
+    medians = {name: statistics.median(times) for name, (times, _) in measured.items()}
     for name, median in medians.items():
+        peak_bytes = measured[name][1]
+        memory = "" if on_cpu else f"{peak_bytes / 2**30:>10.2f}" if peak_bytes else f"{'-':>10}"
         print(f"{name:<26}{median:>16.3f}{tokens / median:>12.0f}{flops / median / 1e12:>10.3f}"
-              f"{flops / median / peak:>8.1%}")
+              f"{flops / median / peak:>8.1%}{memory}")
     if len(medians) == 1:
-        print("\n(install the 'hf' extra, torch and transformers, to compare with PyTorch)")
+        print("\n(install the 'hf' extra, torch and transformers, to compare with PyTorch on CPU or GPU)")
         return
     print()
-    for name in PYTORCH_MALLOC:
+    for name in list(medians)[1:]:
         print(f"ptmjax tokens/s over {name} tokens/s: {medians[name] / medians['ptmjax (JAX/XLA)']:.2f}x")
-    print("(each framework runs in a child process of its own; PyTorch twice: with glibc's malloc defaults, as its "
-          "users run it, and with the settings `import ptmjax` makes, ptmjax/host_malloc.py)")
+    if on_cpu:
+        print("(each framework runs in a child process of its own; PyTorch twice: with glibc's malloc defaults, as its "
+              "users run it, and with the settings `import ptmjax` makes, ptmjax/host_malloc.py)")
 
 
 if __name__ == "__main__":

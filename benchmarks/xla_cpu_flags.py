@@ -39,7 +39,7 @@ def child(args: argparse.Namespace) -> None:
     import train_throughput
 
     batch = train_throughput.random_batch(args.batch, args.inputs, args.targets, args.model)
-    times, loss = train_throughput.time_ptmjax(batch, args.steps, args.model)
+    times, loss, _ = train_throughput.time_ptmjax(batch, args.steps, args.model)
     print(json.dumps({"times": times, "loss": loss}))
 
 
