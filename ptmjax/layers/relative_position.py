@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.layers.common import DType
-from ptmjax.layers.embed import lookup
+from ptmjax.layers.embed import small_table_lookup
 
 Array = jax.Array
 
@@ -65,5 +65,5 @@ class RelativePositionBias(nn.Module):
         )
         relative = key_positions[:, None, :] - query_positions[:, :, None]  # [b, q, k]
         buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
-        bias = lookup(table, buckets, self.dtype)  # [b, q, k, heads]
+        bias = small_table_lookup(table, buckets, self.dtype)  # [b, q, k, heads]
         return jnp.transpose(bias, (0, 3, 1, 2))  # [b, heads, q, k]

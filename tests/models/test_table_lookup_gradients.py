@@ -1,15 +1,19 @@
-"""bf16 table lookups sum their gradient in float32 (ptmjax/layers/embed.py's `lookup`).
+"""bf16 table lookups sum their gradient in float32 (ptmjax/layers/embed.py's `lookup` and
+`small_table_lookup`).
 
 A token embedding's row and a T5 relative-position bucket are gathered once per occurrence, so
 their gradients sum thousands of terms; against float64 numpy on the same bf16 cotangents, the
 summed gradients stay exact to float32 rounding where a bfloat16 scatter-add lost 3% (a frequent
-token) and 29% (the buckets of a 512-token sequence). The forward values are the cast table's.
+token) and 29% (the buckets of a 512-token sequence). The forward values are the cast table's. The
+relative-position gradient is a matmul, never a scatter-add (whose atomics contend on a GPU), in
+bfloat16 and float32 alike.
 """
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from ptmjax.layers.embed import Embed
 from ptmjax.layers.relative_position import RelativePositionBias, relative_position_bucket
@@ -52,13 +56,16 @@ def test_a_frequent_tokens_embedding_gradient_sums_in_float32():
     np.testing.assert_array_equal(embed.apply(params, tokens), jnp.asarray(table, jnp.bfloat16)[tokens])
 
 
-def test_t5_relative_position_gradient_sums_in_float32_over_a_long_sequence():
-    bias = RelativePositionBias(32, 128, num_heads=4, bidirectional=True, dtype=jnp.bfloat16)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_t5_relative_position_gradient_is_a_float32_matmul_over_a_long_sequence(dtype):
+    bias = RelativePositionBias(32, 128, num_heads=4, bidirectional=True, dtype=dtype)
     positions = jnp.arange(512)[None]
     params = nn.unbox(bias.init(jax.random.key(0), positions, positions))
-    cotangent = bf16_cotangent((1, 4, 512, 512))
+    cotangent = bf16_cotangent((1, 4, 512, 512)).astype(dtype)
     gradient = table_gradient(bias, params, cotangent, positions, positions)
     buckets = np.asarray(relative_position_bucket(positions[:, None, :] - positions[:, :, None], True, 32, 128))
     by_pair = jnp.transpose(cotangent, (0, 2, 3, 1))  # [1, q, k, heads], as the buckets
     assert np.bincount(buckets.ravel()).max() > 80_000
     assert relative_error(gradient, summed_by_id(buckets, by_pair, 32)) < 1e-6
+    backward = str(jax.make_jaxpr(jax.grad(lambda p: jnp.sum(bias.apply(p, positions, positions))))(params))
+    assert "scatter" not in backward and "dot_general" in backward
