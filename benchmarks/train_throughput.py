@@ -247,7 +247,7 @@ def time_in_child(
     sizes = ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--attention", args.attention,
              "--remat", args.remat, "--steps", str(args.steps), "--batch", str(args.batch),
              "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}  # the child may preallocate
     if keep_freed_memory is not None:
         env["PTMJAX_KEEP_FREED_MEMORY"] = keep_freed_memory
     out = subprocess.run([sys.executable, __file__, "--child", framework, *sizes], env=env, stdout=subprocess.PIPE,
@@ -268,6 +268,8 @@ def main() -> None:
     parser.add_argument("--targets", type=int, default=114, help="T5 only")
     parser.add_argument("--child", choices=["ptmjax", "pytorch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not args.child:  # the parent's peak matmul must leave the device's memory to the children
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     use_device(args.device)
 
     batch = random_batch(args.batch, args.inputs, args.targets, args.model)
