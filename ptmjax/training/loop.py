@@ -186,7 +186,7 @@ def train(
     part = saved_part(folder, trainer, init_checkpoint, trainable is not None)
     check_resumable(folder, part.of(trainer.abstract_state))  # before config.gin is rewritten
     validation_dataset = check_run_splits(
-        mixture_or_task_name, task_feature_lengths,
+        mixture_or_task_name,
         lambda: run_dataset(mixture_or_task_name, "validation", task_feature_lengths, batch_size,
                             trainer.api.family.feature_converter, seed=seed, pack=pack, shuffle=False, num_epochs=1,
                             pad_final_batch=True),

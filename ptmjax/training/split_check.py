@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
+import seqio
 import tensorflow as tf
 
 from ptmjax.data import pipeline
@@ -16,18 +17,18 @@ RUN_SPLITS = {
 
 def check_run_splits(
     mixture_or_task_name: str,
-    task_feature_lengths: Mapping[str, int],
     make_validation: Callable[[], tf.data.Dataset],
 ) -> tf.data.Dataset:
     """Raises a ValueError naming the split and the fix when one of RUN_SPLITS is missing or yields nothing.
 
-    Each split, in order, is checked on its first example before the feature
-    converter, over the whole split (not this host's shard: evaluation pads a
-    host whose shard ran out). Returns the run's validation dataset, built by
-    `make_validation` (its converter's errors surface here, before anything
-    is written) and not read: unshuffled, it reads the same batches at every
-    evaluation, so the run builds it once. The run builds its train dataset
-    itself: a seeded shuffle whose order starts with its first iteration.
+    Each split, in order, is checked on the first raw example of its source (a mixture's: of any
+    of its tasks with that split), over the whole split (not this host's shard: evaluation pads a
+    host whose shard ran out). No preprocessor runs, so the check traces none of their map
+    functions: the run's pipelines trace them once, when they are built. Returns the run's
+    validation dataset, built by `make_validation` (its converter's errors surface here, before
+    anything is written) and not read: unshuffled, it reads the same batches at every evaluation,
+    so the run builds it once. The run builds its train dataset itself: a seeded shuffle whose
+    order starts with its first iteration.
     """
     provider = pipeline.get_task_or_mixture(mixture_or_task_name)
     for split, use in RUN_SPLITS.items():
@@ -36,10 +37,19 @@ def check_run_splits(
                 f"{mixture_or_task_name!r} has no {split!r} split, which the run {use}; register it with one "
                 f"(e.g. register_text_files_task.{split}_pattern); its splits: {', '.join(provider.splits)}"
             )
-        examples = provider.get_dataset(dict(task_feature_lengths), split=split, shuffle=False, num_epochs=1, seed=0)
-        if next(iter(examples.take(1)), None) is None:
+        if not any(_yields_an_example(task, split) for task in _tasks_with(provider, split)):
             raise ValueError(
                 f"the {split!r} split of {mixture_or_task_name!r} yields no examples, and the run {use}; "
                 "add data to it (are its files empty?)"
             )
     return make_validation()
+
+
+def _tasks_with(provider: seqio.Task | seqio.Mixture, split: str) -> list[seqio.Task]:
+    """The tasks whose examples `provider` draws for `split`: itself, or a mixture's tasks that have the split."""
+    tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
+    return [task for task in tasks if split in task.splits]
+
+
+def _yields_an_example(task: seqio.Task, split: str) -> bool:
+    return next(iter(task.source.get_dataset(split=split, shuffle=False).take(1)), None) is not None

@@ -52,6 +52,34 @@ def test_a_missing_or_empty_validation_split_fails_before_any_step(tmp_path, val
     assert not model_dir.exists()  # no config, no checkpoint, no metrics: nothing to clean up
 
 
+@pytest.mark.parametrize("as_mixture", [False, True], ids=["task", "mixture"])
+def test_a_validation_source_that_yields_nothing_fails_before_any_step(tmp_path, as_mixture):
+    """Checked on the source's raw examples: a task (or every task of a mixture) whose split is empty."""
+    import seqio
+    import tensorflow as tf
+
+    def documents(split, shuffle_files=False):
+        return tf.data.Dataset.from_tensor_slices({"text": LINES.splitlines() if split == "train" else [""]}).filter(
+            lambda example: tf.strings.length(example["text"]) > 0
+        )  # fmt: skip
+
+    name = "reliability_b_empty_source"
+    source = seqio.FunctionDataSource(documents, splits=("train", "validation"))
+    vocabulary = tasks.vocabularies.default_vocabulary()
+    task = tasks.register_task(name, source, tasks.span_corruption_preprocessors(), vocabulary)
+    if as_mixture:
+        seqio.MixtureRegistry.remove(f"{name}_mixture")
+        task = seqio.MixtureRegistry.add(f"{name}_mixture", [(task.name, 1.0)])
+    model_dir = tmp_path / "run"
+    with pytest.raises(ValueError) as error:
+        run(model_dir, num_steps=20, mixture_or_task_name=task, eval_every=20)
+    assert str(error.value).splitlines()[0] == (
+        f"the 'validation' split of {task.name!r} yields no examples, and the run evaluates on every "
+        "train.eval_every steps and at the end; add data to it (are its files empty?)"
+    )
+    assert not model_dir.exists()
+
+
 def test_a_failed_evaluation_keeps_the_checkpoint_of_its_step(tmp_path, monkeypatch):
     class EvaluationFails(Trainer):
         def eval_stats(self, *args):
@@ -88,5 +116,5 @@ def test_the_validation_check_reads_the_whole_split_not_this_hosts_shard(tmp_pat
         return pipeline.get_dataset(task.name, "validation", lengths, 4, seed=0, shuffle=False, num_epochs=1,
                                     shard_index=1, num_shards=2, pad_final_batch=True)  # fmt: skip
 
-    validation = check_run_splits(task.name, lengths, second_hosts_shard)
+    validation = check_run_splits(task.name, second_hosts_shard)
     assert list(validation.as_numpy_iterator()) == []  # that shard is empty, and the check let the run go on
