@@ -4,6 +4,7 @@
 import importlib.util
 import json
 import pathlib
+import sys
 
 import pytest
 
@@ -14,6 +15,7 @@ RUN = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "peft_compar
 def test_the_smoke_setting_runs_every_method_and_counts_its_trainable_parameters(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("peft_comparison_run", RUN)
     run = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, run)  # its dataclasses look their module up while it runs
     spec.loader.exec_module(run)
     monkeypatch.setattr(run, "RUNS_DIR", tmp_path)
     setting = run.SETTINGS["smoke"]
