@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import seqio
+if TYPE_CHECKING:
+    import seqio
 
 GENERATION_FILE = "generation.json"
 

@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import seqio
 from flax import linen as nn
 
 from ptmjax import decoding
-from ptmjax.data import feature_converters, task_head_converters
 from ptmjax.evaluation import head_predictions
 from ptmjax.layers import layer_stack
 from ptmjax.models import GPT2
@@ -45,10 +44,38 @@ from ptmjax.training.chunked_logits import chunked_token_cross_entropy
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.model_losses import Stats
 
+if TYPE_CHECKING:
+    import seqio
+
 Array = jax.Array
 Batch = Mapping[str, Array]
 Loss = Callable[[Any, Batch, LossConfig], model_losses.LossTerms]
 EVAL_SAMPLE_SEED = 0  # eval draws (ELECTRA's generator samples) use a fixed key, so evaluations compare
+SEQIO = "seqio"
+PTMJAX_CONVERTERS = "ptmjax.data.feature_converters"
+HEAD_CONVERTERS = "ptmjax.data.task_head_converters"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConverterName:
+    """A seqio feature converter class by module and class name, imported on first use, so that the model API and
+    the train step import without seqio's TensorFlow; `pad_id`: padding 'input_tokens' with a model's pad id."""
+
+    module: str
+    name: str
+    pad_id: int | None = None
+
+    def load(self) -> type[seqio.FeatureConverter]:
+        return _converter_class(self.module, self.name, self.pad_id)
+
+
+@functools.cache
+def _converter_class(module: str, name: str, pad_id: int | None) -> type[seqio.FeatureConverter]:
+    """The class itself, the same object on every call (families compare converters by identity)."""
+    converter = getattr(importlib.import_module(module), name)
+    if pad_id is None:
+        return converter
+    return importlib.import_module(HEAD_CONVERTERS).padded_with(converter, pad_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +83,7 @@ class Family:
     """How batches are built, scored and decoded for a model family.
 
     Attributes:
-      feature_converter: the seqio converter class (constructed with `pack=`).
+      converter: its seqio feature converter class, by name (`feature_converter` is the class).
       init_fields: the model inputs that `module.init` needs, as [batch, length] ints.
       target_fields: batch features the loss reads and the module does not take.
       targets: the [batch, length] feature of target token ids that `score` reads; None for a
@@ -75,7 +102,7 @@ class Family:
         (ptmjax/evaluation/head_predictions.py); None for a family without a task head.
     """
 
-    feature_converter: type[seqio.FeatureConverter]
+    converter: ConverterName
     init_fields: tuple[str, ...]
     target_fields: tuple[str, ...]
     targets: str | None
@@ -86,28 +113,34 @@ class Family:
     predict: Callable[..., Any] | None = None
     head_predictions: Callable[[Any, Batch], Array] | None = None
 
+    @property
+    def feature_converter(self) -> type[seqio.FeatureConverter]:
+        """The seqio converter class (constructed with `pack=`)."""
+        return self.converter.load()
+
 
 SEQUENCE_TO_SEQUENCE = Family(
-    seqio.EncDecFeatureConverter, ("encoder_input_tokens", "decoder_input_tokens"),
+    ConverterName(SEQIO, "EncDecFeatureConverter"), ("encoder_input_tokens", "decoder_input_tokens"),
     ("decoder_target_tokens", "decoder_loss_weights"), "decoder_target_tokens", "decoder_loss_weights",
     model_losses.sequence_to_sequence_loss,
     predict=functools.partial(decoding.predict, decoding.encoder_decoder_prefill),
 )  # fmt: skip
 # Handles causal LM ('targets' only) and prefix LM ('inputs' + 'targets').
 DECODER_ONLY = dataclasses.replace(
-    SEQUENCE_TO_SEQUENCE, feature_converter=seqio.DecoderFeatureConverter, init_fields=("decoder_input_tokens",),
+    SEQUENCE_TO_SEQUENCE, converter=ConverterName(SEQIO, "DecoderFeatureConverter"),
+    init_fields=("decoder_input_tokens",),
     predict=functools.partial(decoding.predict, decoding.decoder_only_prefill),
 )  # fmt: skip
 MASKED_LM = Family(
-    feature_converters.MaskedLmFeatureConverter, ("input_tokens",), ("target_tokens", "loss_mask"), "target_tokens",
-    "loss_mask", model_losses.masked_lm_loss, target_logits=lambda outputs: outputs.mlm_logits,
+    ConverterName(PTMJAX_CONVERTERS, "MaskedLmFeatureConverter"), ("input_tokens",), ("target_tokens", "loss_mask"),
+    "target_tokens", "loss_mask", model_losses.masked_lm_loss, target_logits=lambda outputs: outputs.mlm_logits,
 )  # fmt: skip
 MASKED_LM_WITH_SENTENCE_PAIRS = dataclasses.replace(
-    MASKED_LM, feature_converter=feature_converters.SentencePairFeatureConverter,
+    MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "SentencePairFeatureConverter"),
     target_fields=("target_tokens", "loss_mask", "sentence_label"),
 )  # fmt: skip
 PERMUTED_LM = dataclasses.replace(
-    MASKED_LM, feature_converter=feature_converters.PermutedLmFeatureConverter,
+    MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "PermutedLmFeatureConverter"),
     init_fields=("input_tokens", "permutation_rank"), loss=model_losses.permuted_lm_loss,
     target_logits=lambda outputs: outputs,
 )  # fmt: skip
@@ -120,19 +153,20 @@ REPLACED_TOKEN_DETECTION = dataclasses.replace(
 
 # Fine-tuning heads: one row per example (no packing), weighed by 'example_weight' or per token by 'tag_weights'.
 SEQUENCE_CLASSIFICATION = Family(
-    task_head_converters.SequenceClassificationFeatureConverter, ("input_tokens",), ("label", "example_weight"),
-    None, "example_weight", model_losses.sequence_classification_loss, head_predictions=head_predictions.class_ids,
+    ConverterName(HEAD_CONVERTERS, "SequenceClassificationFeatureConverter"), ("input_tokens",),
+    ("label", "example_weight"), None, "example_weight", model_losses.sequence_classification_loss,
+    head_predictions=head_predictions.class_ids,
 )  # fmt: skip
 SEQUENCE_REGRESSION = dataclasses.replace(
-    SEQUENCE_CLASSIFICATION, feature_converter=task_head_converters.SequenceRegressionFeatureConverter,
+    SEQUENCE_CLASSIFICATION, converter=ConverterName(HEAD_CONVERTERS, "SequenceRegressionFeatureConverter"),
     loss=model_losses.sequence_regression_loss, head_predictions=head_predictions.values,
 )  # fmt: skip
 TOKEN_TAGGING = Family(
-    task_head_converters.TokenTaggingFeatureConverter, ("input_tokens",), ("tags", "tag_weights"), None,
+    ConverterName(HEAD_CONVERTERS, "TokenTaggingFeatureConverter"), ("input_tokens",), ("tags", "tag_weights"), None,
     "tag_weights", model_losses.token_tagging_loss, head_predictions=head_predictions.class_ids,
 )  # fmt: skip
 SPAN_QUESTION_ANSWERING = Family(
-    task_head_converters.SpanQuestionAnsweringFeatureConverter, ("input_tokens",),
+    ConverterName(HEAD_CONVERTERS, "SpanQuestionAnsweringFeatureConverter"), ("input_tokens",),
     ("answer_start", "answer_end", "example_weight"), None, "example_weight",
     model_losses.span_question_answering_loss, head_predictions=head_predictions.answer_spans,
 )  # fmt: skip
@@ -146,11 +180,8 @@ def sequence_head_family(num_labels: int) -> Family:
 def decoder_sequence_head_family(module: GPT2ForSequenceClassification) -> Family:
     """GPT-2's rows carry no token types and are padded with the model's pad_token_id."""
     family = sequence_head_family(module.num_labels)
-    converter = task_head_converters.DecoderClassificationFeatureConverter
-    if family is SEQUENCE_REGRESSION:
-        converter = task_head_converters.DecoderRegressionFeatureConverter
-    converter = task_head_converters.padded_with(converter, module.pad_token_id)
-    return dataclasses.replace(family, feature_converter=converter)
+    name = "Decoder" + ("Regression" if family is SEQUENCE_REGRESSION else "Classification") + "FeatureConverter"
+    return dataclasses.replace(family, converter=ConverterName(HEAD_CONVERTERS, name, module.pad_token_id))
 
 
 FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {

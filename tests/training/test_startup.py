@@ -78,6 +78,45 @@ def test_training_imports_neither_torch_nor_transformers(two_processes):
     assert two_processes[1][0]["modules"] == []
 
 
+# A tiny T5's first training step, on a fixed batch, printed as its loss.
+TINY_STEP = textwrap.dedent(
+    """
+    import jax, numpy as np
+    from ptmjax import partitioning
+    from ptmjax.models import EncoderDecoder, T5Config
+    from ptmjax.training.optimizers import adamw
+    from ptmjax.training.trainer import Trainer
+    config = T5Config(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_encoder_layers=1,
+                      num_decoder_layers=1, ffn_activations=("relu",), tie_embeddings=True,
+                      dropout_rate=0.0)
+    mesh_config = partitioning.MeshConfig()
+    trainer = Trainer(EncoderDecoder(config), adamw(lambda step: 1e-3), lambda step: 1e-3,
+                      partitioning.make_mesh(mesh_config), mesh_config.rules)
+    tokens = np.arange(2 * 8, dtype=np.int32).reshape(2, 8) % 60 + 2
+    batch = {"encoder_input_tokens": tokens, "decoder_input_tokens": tokens, "decoder_target_tokens": tokens,
+             "decoder_loss_weights": np.ones_like(tokens)}
+    state = trainer.init_state(jax.random.key(0))
+    _, metrics = trainer.train_step(state, partitioning.global_batch(batch, trainer.mesh), jax.random.key(1))
+    print("LOSS", repr(float(metrics["loss"])))
+    """
+)
+
+
+def test_the_model_and_its_train_step_need_neither_tensorflow_nor_seqio():
+    """So a GPU or TPU machine without TensorFlow benchmarks ptmjax as installed: only the data pipeline needs
+    them. The step in a process where importing either fails gives this process's loss, to the bit."""
+    blocked = 'import sys; sys.modules["tensorflow"] = sys.modules["seqio"] = None  # importing either fails\n'
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    out = subprocess.run([sys.executable, "-c", blocked + TINY_STEP], env={**env, "PYTHONPATH": REPO},
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    here = subprocess.run([sys.executable, "-c", "import seqio\n" + TINY_STEP], env={**env, "PYTHONPATH": REPO},
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert here.returncode == 0, here.stderr[-3000:]
+    loss = [line for line in out.stdout.splitlines() if line.startswith("LOSS")]
+    assert loss and loss == [line for line in here.stdout.splitlines() if line.startswith("LOSS")]
+
+
 def test_a_cache_jax_already_has_wins_and_none_adds_none(monkeypatch, tmp_path):
     assert jax.config.jax_compilation_cache_dir  # tests/conftest.py sets one
     assert compilation_cache.use_compilation_cache(str(tmp_path)) == jax.config.jax_compilation_cache_dir
