@@ -2,6 +2,7 @@
 
     python benchmarks/train_throughput.py [--model t5|t5-base|t5-large|gpt2|gpt2-1b] [--dtype float32|bfloat16]
         [--device cpu|gpu|tpu] [--attention einsum|xla|cudnn|pallas_tpu_flash] [--remat none|full|save_dot_products]
+        [--scan]
         [--steps 5] [--batch 8] [--inputs 512] [--targets 114]
 
 Both frameworks train the same configuration with dropout off and AdamW, on
@@ -11,8 +12,8 @@ default), in one run: T5 v1.0 small (60M parameters), base (223M) or large
 GPT-2 of GPT-3 XL's shapes (1.3B) on `--inputs` tokens, each predicting the
 next (the last position has no target, as in transformers' shifted labels).
 `--dtype bfloat16` computes in bfloat16 with float32 parameters: ptmjax's
-config `dtype`, PyTorch's `torch.autocast`. `--attention` and `--remat` are ptmjax's
-`attention_kernel` and `remat_policy` (PyTorch keeps transformers' defaults). Model FLOP
+config `dtype`, PyTorch's `torch.autocast`. `--attention`, `--remat` and `--scan` are ptmjax's
+`attention_kernel`, `remat_policy` and `scan_layers` (PyTorch keeps transformers' defaults). Model FLOP
 utilisation divides the model's FLOPs per second by the device's matmul peak
 measured in the same run: on the CPU the best float32 2048x2048 matmul of
 JAX, NumPy or PyTorch; on an accelerator the best 8192x8192 matmul of JAX or
@@ -139,12 +140,12 @@ def training_flops(model: str, batch: int, inputs: int, targets: int) -> float:
     return t5_training_flops(CONFIGS[model], batch, inputs, targets)
 
 
-def make_trainer(model: str = "t5", dtype: str = "float32", attention: str = "einsum", remat: str = "none") -> Trainer:
-    """The ptmjax trainer of `model` computing in `dtype` with `attention` and `remat` on this host's devices: AdamW
-    at a constant learning rate, no z-loss."""
+def make_trainer(model: str = "t5", **options: Any) -> Trainer:
+    """The ptmjax trainer of `model` with its config's fields set as `options` say (e.g. dtype='bfloat16') on this
+    host's devices: AdamW at a constant learning rate, no z-loss."""
     mesh_config = partitioning.MeshConfig()
     schedule = lambda step: LEARNING_RATE  # noqa: E731
-    config = dataclasses.replace(CONFIGS[model], dtype=dtype, attention_kernel=attention, remat_policy=remat)
+    config = dataclasses.replace(CONFIGS[model], **options)
     module = GPT2(config) if is_decoder_only(model) else EncoderDecoder(config)
     return Trainer(
         module, adamw(schedule, weight_decay=0.0, max_grad_norm=None), schedule, partitioning.make_mesh(mesh_config),
@@ -153,11 +154,11 @@ def make_trainer(model: str = "t5", dtype: str = "float32", attention: str = "ei
 
 
 def time_ptmjax(
-    batch: dict[str, np.ndarray], steps: int, model: str = "t5", dtype: str = "float32", attention: str = "einsum",
-    remat: str = "none",
+    batch: dict[str, np.ndarray], steps: int, model: str = "t5", **options: Any
 ) -> tuple[list[float], float, int | None]:
-    """Each step's seconds, the loss of the last step, and the device's peak bytes in use (None on the CPU)."""
-    trainer = make_trainer(model, dtype, attention, remat)
+    """Each step's seconds, the loss of the last step, and the device's peak bytes in use (None on the CPU), of
+    `make_trainer(model, **options)`."""
+    trainer = make_trainer(model, **options)
     state = trainer.init_state(jax.random.key(0))
     first, times, metrics = timed_steps(trainer, state, partitioning.global_batch(batch, trainer.mesh), steps)
     print(f"ptmjax: first step (compiling) {first:.1f} s", file=sys.stderr)
@@ -245,8 +246,8 @@ def time_in_child(
     """`framework`'s step times and peak device bytes from a child process, whose glibc malloc `import ptmjax` sets
     as `keep_freed_memory` says (None: as this process's environment says)."""
     sizes = ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--attention", args.attention,
-             "--remat", args.remat, "--steps", str(args.steps), "--batch", str(args.batch),
-             "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
+             "--remat", args.remat, *(["--scan"] if args.scan else []), "--steps", str(args.steps),
+             "--batch", str(args.batch), "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}  # the child may preallocate
     if keep_freed_memory is not None:
         env["PTMJAX_KEEP_FREED_MEMORY"] = keep_freed_memory
@@ -262,6 +263,7 @@ def main() -> None:
     parser.add_argument("--device", choices=sorted(JAX_PLATFORMS), default="cpu")
     parser.add_argument("--attention", choices=ATTENTION_KERNELS, default="einsum", help="ptmjax's attention_kernel")
     parser.add_argument("--remat", choices=sorted(REMAT_POLICIES), default="none", help="ptmjax's remat_policy")
+    parser.add_argument("--scan", action="store_true", help="ptmjax's scan_layers")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
@@ -274,7 +276,9 @@ def main() -> None:
 
     batch = random_batch(args.batch, args.inputs, args.targets, args.model)
     if args.child == "ptmjax":
-        times, _, peak_bytes = time_ptmjax(batch, args.steps, args.model, args.dtype, args.attention, args.remat)
+        times, _, peak_bytes = time_ptmjax(batch, args.steps, args.model, dtype=args.dtype,
+                                           attention_kernel=args.attention, remat_policy=args.remat,
+                                           scan_layers=args.scan)  # fmt: skip
         print(json.dumps([times, peak_bytes]))
         return
     if args.child == "pytorch":
@@ -289,7 +293,8 @@ def main() -> None:
     on_cpu = args.device == "cpu"
     where = f"{os.cpu_count()} CPU cores" if on_cpu else jax.devices()[0].device_kind
     print(f"{TITLES[args.model]}, batch {args.batch}, {lengths}, {args.dtype} compute, ptmjax attention "
-          f"{args.attention} and remat {args.remat}: {flops / 1e9:.1f} GFLOP per training step")  # fmt: skip
+          f"{args.attention}, remat {args.remat}{', scanned layers' if args.scan else ''}: {flops / 1e9:.1f} GFLOP "
+          "per training step")  # fmt: skip
     print(f"Measured {'float32 2048' if on_cpu else args.dtype + ' 8192'} matmul on {where}: "
           + ", ".join(f"{k} {v / 1e12:.3f}" for k, v in peaks.items())
           + f" TFLOP/s; peak = {peak / 1e12:.3f} TFLOP/s\n")
