@@ -24,8 +24,9 @@ no capacity. The (token, choice) rows of the batch are sorted by expert and each
 feed-forward runs on its contiguous rows with grouped matmuls (`jax.lax.ragged_dot`); routing and
 gates are those of the groups, as above (a row's result depends only on its token and expert).
 It equals the capacity-based layer whenever that drops nothing; the capacity factors are unused.
-Under expert parallelism the sort and the grouped matmuls are left to the partitioner (no
-explicit all-to-all as on the capacity path): correct on any mesh, not tuned for one.
+Inside a mesh the sorted rows are split over the batch's devices and each device gathers every
+expert's kernels for its slice (`layers/grouped_matmul.py`): FSDP's weight traffic instead of the
+capacity path's all-to-all of tokens, and no device holds more than its share of the rows.
 
 Auxiliary losses, sown (already weighted) into the 'losses' collection:
 - 'load_balancing_loss': num_experts * sum_e f_e * P_e, averaged over groups,
@@ -48,6 +49,7 @@ import jax.numpy as jnp
 
 from ptmjax.layers import mixed_precision
 from ptmjax.layers.common import DType
+from ptmjax.layers.grouped_matmul import grouped_matmul
 from ptmjax.layers.layer_stack import LayerStackConfig
 from ptmjax.layers.mlp import ACTIVATIONS, check_activations
 
@@ -59,6 +61,8 @@ EXPERT_AXES = ("activation_expert_group", "activation_expert", None, "activation
 EXPERT_HIDDEN_AXES = ("activation_expert_group", "activation_expert", None, "activation_mlp")
 # Back on the token side, before combining: [group, expert, capacity, embed].
 RETURN_AXES = ("activation_batch", None, None, "activation_embed")
+# Dropless: the expert-sorted (token, choice) rows [rows, embed|mlp], split as the batch is.
+ROW_AXES = ("activation_batch", None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -318,8 +322,9 @@ class MoeBlock(nn.Module):
         experts = index.reshape(-1)  # [G*S*K] the expert of each (token, choice) row
         order = jnp.argsort(experts, stable=True)  # rows sorted by expert
         rows = jnp.repeat(x.reshape(groups * tokens, embed), self.top_k, axis=0)[order]  # [G*S*K, embed]
+        rows = nn.with_logical_constraint(rows, ROW_AXES)
         sizes = jnp.bincount(experts, length=self.num_experts).astype(jnp.int32)  # [E] rows per expert
-        out_rows = self._experts(rows, lambda a, w: jax.lax.ragged_dot(a, w, sizes), None, enable_dropout)
+        out_rows = self._experts(rows, lambda a, w: grouped_matmul(a, w, sizes), ROW_AXES, enable_dropout)
         out_rows = out_rows[jnp.argsort(order)]  # back to (token, choice) order
         out = jnp.einsum("gskd,gsk->gsd", out_rows.reshape(groups, tokens, self.top_k, embed), gates.astype(self.dtype))
         return nn.with_logical_constraint(out, TOKEN_AXES)

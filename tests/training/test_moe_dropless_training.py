@@ -1,5 +1,6 @@
 """A dropless MoE model (MoeConfig.moe_dropless) trained under expert parallelism (gin_configs/mesh/ep.gin,
-the 8 experts over 8 devices) equals the same run on one device: T5 top-1 and GPT-2 top-2."""
+the 8 experts over 8 devices; fsdp_tp_ep.gin, 2 x 2 x 2) equals the same run on one device: T5 top-1 and
+GPT-2 top-2."""
 
 import dataclasses
 import functools
@@ -58,10 +59,13 @@ def one_step(name: str, mesh_config: MeshConfig, single_device: bool):
 
 
 # -m slow: top-2 (its dropless routing is tested unsharded in tests/models/test_moe_dropless.py)
-@pytest.mark.parametrize("name", ["t5_top1", pytest.param("gpt2_top2", marks=pytest.mark.slow)])
-def test_expert_parallel_dropless_step_equals_one_device(name):
+@pytest.mark.parametrize(
+    ("name", "mesh"),
+    [("t5_top1", "ep"), ("t5_top1", "fsdp_tp_ep"), pytest.param("gpt2_top2", "ep", marks=pytest.mark.slow)],
+)
+def test_expert_parallel_dropless_step_equals_one_device(name, mesh):
     want_params, want = one_step(name, MeshConfig(), True)
-    got_params, got = one_step(name, mesh_preset("ep"), False)
+    got_params, got = one_step(name, mesh_preset(mesh), False)
     for metric in ("loss", "moe_aux_loss", "accuracy"):
         np.testing.assert_allclose(got[metric], want[metric], rtol=2e-6, err_msg=metric)
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=2e-5), got_params, want_params)

@@ -1,0 +1,56 @@
+"""Grouped matmuls of expert-sorted rows (dropless MoE), with the rows split over the batch's devices.
+
+`grouped_matmul(rows, kernels, group_sizes)` is `jax.lax.ragged_dot`: rows [M, in] sorted by group,
+`group_sizes[e]` of them for group e, each multiplied by its group's kernel [E, in, out]. Left to the
+SPMD partitioner, a ragged dot keeps all M rows and their products on every device (the partitioner
+cannot split the ragged dimension, whose groups' boundaries are data), which under expert
+parallelism is what made a dropless Switch-Base-16 step run out of memory where the capacity-based
+one fits. Here, inside a mesh (`jax.set_mesh`), each device takes the contiguous M / n of the sorted
+rows that the rules' 'activation_batch' axes give it, and the kernels of every group: its groups'
+local sizes are the global ones clipped to its slice, and the kernels are gathered, as FSDP gathers
+weights, so the products and what the backward pass keeps are split n ways. Outside a mesh, or with
+nothing to split over, or rows that do not split evenly (initialisation's one token), it is the
+plain ragged dot.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+Array = jax.Array
+
+
+def grouped_matmul(rows: Array, kernels: Array, group_sizes: Array) -> Array:
+    """rows [M, in] sorted by group, kernels [E, in, out], group_sizes [E] int32 summing to M -> [M, out]."""
+    mesh = jax.sharding.get_abstract_mesh()
+    row_axes = _row_mesh_axes(mesh)
+    if not row_axes or rows.shape[0] % math.prod(mesh.shape[axis] for axis in row_axes):
+        return jax.lax.ragged_dot(rows, kernels, group_sizes)
+    split = PartitionSpec(row_axes)
+    return jax.shard_map(
+        lambda rows, kernels, sizes: jax.lax.ragged_dot(rows, kernels, _local_sizes(sizes, row_axes, rows.shape[0])),
+        mesh=mesh, in_specs=(split, PartitionSpec(), PartitionSpec()), out_specs=split,
+    )(rows, kernels, group_sizes)  # fmt: skip
+
+
+def _row_mesh_axes(mesh: jax.sharding.AbstractMesh) -> tuple[str, ...]:
+    """The mesh axes (of more than one device) that the rules give 'activation_batch'; () outside a mesh."""
+    if mesh.empty:
+        return ()
+    spec = nn.logical_to_mesh_axes(("activation_batch",))
+    axes = spec[0] if spec is not None else None
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    return tuple(axis for axis in axes if mesh.shape[axis] > 1)
+
+
+def _local_sizes(group_sizes: Array, row_axes: tuple[str, ...], local_rows: int) -> Array:
+    """Each group's rows within this device's slice [i * local_rows, (i + 1) * local_rows) of the sorted rows."""
+    start = jax.lax.axis_index(row_axes) * local_rows
+    ends = jnp.cumsum(group_sizes)
+    overlap = jnp.minimum(ends, start + local_rows) - jnp.maximum(ends - group_sizes, start)
+    return jnp.maximum(overlap, 0).astype(group_sizes.dtype)

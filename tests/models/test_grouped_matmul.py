@@ -1,0 +1,62 @@
+"""The dropless MoE's grouped matmul with its rows split over the batch's devices equals the plain ragged dot,
+forward and backward, and keeps each device's share of the rows only."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ptmjax import partitioning
+from ptmjax.layers.grouped_matmul import grouped_matmul
+from ptmjax.partitioning import MeshConfig
+
+ROWS, IN, OUT = 64, 8, 12
+# Groups that cross the 8-row slices' borders, and two empty ones (8 devices x 8 rows = 64).
+GROUP_SIZES = np.array([5, 0, 19, 3, 0, 30, 6, 1], np.int32)
+
+
+def loss_and_grads(rows, kernels, sizes):
+    def loss(rows, kernels):
+        out = grouped_matmul(rows, kernels, sizes)
+        return jnp.sum(jnp.sin(out)), out
+
+    (value, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(rows, kernels)
+    return value, out, grads
+
+
+@pytest.mark.parametrize(
+    "mesh_config",
+    [MeshConfig(data=1, fsdp=1, tensor=1, expert=8), MeshConfig(data=2, fsdp=2, tensor=2, expert=1)],
+    ids=["expert8", "data2_fsdp2_tensor2"],
+)
+def test_split_rows_equal_the_plain_ragged_dot(mesh_config):
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((ROWS, IN)).astype(np.float32)
+    kernels = rng.standard_normal((len(GROUP_SIZES), IN, OUT)).astype(np.float32)
+    assert GROUP_SIZES.sum() == ROWS
+
+    want_value, want_out, want_grads = jax.jit(loss_and_grads)(rows, kernels, GROUP_SIZES)  # no mesh: plain
+    mesh = partitioning.make_mesh(mesh_config)
+    step = jax.jit(loss_and_grads)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(mesh_config.rules):
+        assert "shard_map" in str(jax.make_jaxpr(loss_and_grads)(rows, kernels, GROUP_SIZES))
+        got_value, got_out, got_grads = step(rows, kernels, GROUP_SIZES)
+        compiled = step.lower(rows, kernels, GROUP_SIZES).compile().as_text()
+
+    np.testing.assert_allclose(got_out, want_out, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(got_value, want_value, rtol=1e-5)  # summed in another order
+    for got, want in zip(got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+    row_ways = 8 if mesh_config.expert == 8 else 4  # the batch axes: expert, or data x fsdp
+    assert f"f32[{ROWS // row_ways},{OUT}]" in compiled  # each device's products are its share of the rows
+
+
+def test_outside_a_mesh_and_with_uneven_rows_it_is_the_ragged_dot():
+    rows, kernels = jnp.ones((3, IN)), jnp.ones((2, IN, OUT))
+    sizes = jnp.array([1, 2], jnp.int32)
+    want = jax.lax.ragged_dot(rows, kernels, sizes)
+    np.testing.assert_array_equal(grouped_matmul(rows, kernels, sizes), want)
+    mesh_config = MeshConfig(data=1, fsdp=1, tensor=1, expert=8)
+    with jax.set_mesh(partitioning.make_mesh(mesh_config)), nn.logical_axis_rules(mesh_config.rules):
+        np.testing.assert_array_equal(jax.jit(grouped_matmul)(rows, kernels, sizes), want)  # 3 rows, 8 devices
