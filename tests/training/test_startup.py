@@ -102,19 +102,20 @@ TINY_STEP = textwrap.dedent(
 )
 
 
-def test_the_model_and_its_train_step_need_neither_tensorflow_nor_seqio():
-    """So a GPU or TPU machine without TensorFlow benchmarks ptmjax as installed: only the data pipeline needs
-    them. The step in a process where importing either fails gives this process's loss, to the bit."""
-    blocked = 'import sys; sys.modules["tensorflow"] = sys.modules["seqio"] = None  # importing either fails\n'
+def tiny_step_loss(prelude: str) -> list[str]:
+    """The LOSS line of TINY_STEP run in a fresh process after `prelude`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
-    out = subprocess.run([sys.executable, "-c", blocked + TINY_STEP], env={**env, "PYTHONPATH": REPO},
+    out = subprocess.run([sys.executable, "-c", prelude + TINY_STEP], env={**env, "PYTHONPATH": REPO},
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    here = subprocess.run([sys.executable, "-c", "import seqio\n" + TINY_STEP], env={**env, "PYTHONPATH": REPO},
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert here.returncode == 0, here.stderr[-3000:]
-    loss = [line for line in out.stdout.splitlines() if line.startswith("LOSS")]
-    assert loss and loss == [line for line in here.stdout.splitlines() if line.startswith("LOSS")]
+    return [line for line in out.stdout.splitlines() if line.startswith("LOSS")]
+
+
+def test_the_model_and_its_train_step_need_neither_tensorflow_nor_seqio():
+    """So a GPU or TPU machine without TensorFlow benchmarks ptmjax as installed: only the data pipeline needs
+    them. The step in a process where importing either fails gives the loss of one that has them, to the bit."""
+    loss = tiny_step_loss('import sys; sys.modules["tensorflow"] = sys.modules["seqio"] = None  # imports fail\n')
+    assert loss and loss == tiny_step_loss("import seqio\n")
 
 
 def test_a_cache_jax_already_has_wins_and_none_adds_none(monkeypatch, tmp_path):
