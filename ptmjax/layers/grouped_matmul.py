@@ -11,31 +11,62 @@ local sizes are the global ones clipped to its slice, and the kernels are gather
 weights, so the products and what the backward pass keeps are split n ways. Outside a mesh, or with
 nothing to split over, or rows that do not split evenly (initialisation's one token), it is the
 plain ragged dot.
+
+On TPU each device's product is `megablox_dot`, JAX's Pallas grouped-matmul kernels (megablox), instead of
+`jax.lax.ragged_dot`: XLA:TPU (libtpu 0.0.42.1) computes a ragged dot's kernel gradient as a dense product
+of every group with all the rows, masked (a convolution over [E, in, out]: E times that product's FLOPs),
+where megablox's `tgmm` visits each group's rows only. Elsewhere (CPU, GPU) it stays the ragged dot;
+the tests run megablox in Pallas's TPU interpret mode on the CPU against it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 from jax.sharding import PartitionSpec
 
+from ptmjax.layers.common import target_platform
+
 Array = jax.Array
+GroupedDot = Callable[[Array, Array, Array], Array]
+TILE = 128  # megablox's tile along rows, in and out; rows are padded to a multiple of it
 
 
-def grouped_matmul(rows: Array, kernels: Array, group_sizes: Array) -> Array:
-    """rows [M, in] sorted by group, kernels [E, in, out], group_sizes [E] int32 summing to M -> [M, out]."""
+def grouped_matmul(rows: Array, kernels: Array, group_sizes: Array, dot: GroupedDot | None = None) -> Array:
+    """rows [M, in] sorted by group, kernels [E, in, out], group_sizes [E] int32 summing to M -> [M, out].
+
+    dot: each device's grouped product, `(rows, kernels, group_sizes) -> out`; None: `megablox_dot` on
+    TPU (`layers.common.target_platform`), `jax.lax.ragged_dot` elsewhere.
+    """
+    if dot is None:
+        dot = megablox_dot if target_platform() == "tpu" else jax.lax.ragged_dot
     mesh = jax.sharding.get_abstract_mesh()
     row_axes = _row_mesh_axes(mesh)
     if not row_axes or rows.shape[0] % math.prod(mesh.shape[axis] for axis in row_axes):
-        return jax.lax.ragged_dot(rows, kernels, group_sizes)
+        return dot(rows, kernels, group_sizes)
     split = PartitionSpec(row_axes)
     return jax.shard_map(
-        lambda rows, kernels, sizes: jax.lax.ragged_dot(rows, kernels, _local_sizes(sizes, row_axes, rows.shape[0])),
+        lambda rows, kernels, sizes: dot(rows, kernels, _local_sizes(sizes, row_axes, rows.shape[0])),
         mesh=mesh, in_specs=(split, PartitionSpec(), PartitionSpec()), out_specs=split,
+        check_vma=False,  # megablox's pallas_call declares no varying mesh axes for its output
     )(rows, kernels, group_sizes)  # fmt: skip
+
+
+def megablox_dot(rows: Array, kernels: Array, group_sizes: Array) -> Array:
+    """`jax.lax.ragged_dot` by megablox's Pallas TPU kernels: `gmm` forward and for the rows' gradient, `tgmm`
+    for the kernels'. The rows are padded with zeros to a multiple of TILE (in no group) and the padding's
+    products sliced off; the result has the inputs' dtype, accumulated in float32."""
+    num_rows = rows.shape[0]
+    dtype = jnp.result_type(rows, kernels)
+    padded = jnp.pad(rows.astype(dtype), ((0, -num_rows % TILE), (0, 0)))
+    # Positional: megablox's custom VJP takes its non-differentiable arguments by position.
+    out = megablox.gmm(padded, kernels.astype(dtype), group_sizes, dtype, (TILE, TILE, TILE))
+    return out[:num_rows]
 
 
 def _row_mesh_axes(mesh: jax.sharding.AbstractMesh) -> tuple[str, ...]:

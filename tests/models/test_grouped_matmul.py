@@ -1,14 +1,16 @@
 """The dropless MoE's grouped matmul with its rows split over the batch's devices equals the plain ragged dot,
-forward and backward, and keeps each device's share of the rows only."""
+forward and backward, and keeps each device's share of the rows only; so do megablox's TPU kernels (TPU's
+grouped product), run in Pallas's TPU interpret mode."""
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 from ptmjax import partitioning
-from ptmjax.layers.grouped_matmul import grouped_matmul
+from ptmjax.layers.grouped_matmul import grouped_matmul, megablox_dot
 from ptmjax.partitioning import MeshConfig
 
 ROWS, IN, OUT = 64, 8, 12
@@ -16,9 +18,9 @@ ROWS, IN, OUT = 64, 8, 12
 GROUP_SIZES = np.array([5, 0, 19, 3, 0, 30, 6, 1], np.int32)
 
 
-def loss_and_grads(rows, kernels, sizes):
+def loss_and_grads(rows, kernels, sizes, dot=None):
     def loss(rows, kernels):
-        out = grouped_matmul(rows, kernels, sizes)
+        out = grouped_matmul(rows, kernels, sizes, dot)
         return jnp.sum(jnp.sin(out)), out
 
     (value, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(rows, kernels)
@@ -60,3 +62,25 @@ def test_outside_a_mesh_and_with_uneven_rows_it_is_the_ragged_dot():
     mesh_config = MeshConfig(data=1, fsdp=1, tensor=1, expert=8)
     with jax.set_mesh(partitioning.make_mesh(mesh_config)), nn.logical_axis_rules(mesh_config.rules):
         np.testing.assert_array_equal(jax.jit(grouped_matmul)(rows, kernels, sizes), want)  # 3 rows, 8 devices
+
+
+def assert_equal_to_the_ragged_dot(got, want, rtol=1e-5, atol=5e-5):
+    """Float32 sums in another order (megablox's 128-wide tiles): outputs up to about 25 here."""
+    (got_value, got_out, got_grads), (want_value, want_out, want_grads) = got, want
+    np.testing.assert_allclose(got_out, want_out, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(got_value, want_value, rtol=1e-5)
+    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(got_grad, want_grad, rtol=rtol, atol=atol)
+
+
+def test_megablox_equals_the_ragged_dot_on_rows_and_sizes_off_its_tiles():
+    """200 rows (padded to 256 for the 128-row tiles), in 40 and out 72 (partial tiles), empty groups."""
+    rng = np.random.default_rng(1)
+    sizes = np.array([0, 77, 5, 0, 118], np.int32)
+    rows = rng.standard_normal((int(sizes.sum()), 40)).astype(np.float32)
+    kernels = rng.standard_normal((len(sizes), 40, 72)).astype(np.float32)
+    want = jax.jit(loss_and_grads, static_argnums=3)(rows, kernels, sizes, jax.lax.ragged_dot)
+    with pltpu.force_tpu_interpret_mode():
+        got = jax.jit(loss_and_grads, static_argnums=3)(rows, kernels, sizes, megablox_dot)
+    assert_equal_to_the_ragged_dot(got, want)
+
