@@ -1,6 +1,6 @@
 """The dropless MoE's grouped matmul with its rows split over the batch's devices equals the plain ragged dot,
-forward and backward, and keeps each device's share of the rows only; so do megablox's TPU kernels (TPU's
-grouped product), run in Pallas's TPU interpret mode."""
+forward and backward, and keeps each device's share of the rows only. Megablox's TPU kernels (TPU's grouped
+product), run unsplit in Pallas's TPU interpret mode, equal the ragged dot too."""
 
 import flax.linen as nn
 import jax
@@ -27,6 +27,15 @@ def loss_and_grads(rows, kernels, sizes, dot=None):
     return value, out, grads
 
 
+def assert_equal_to_the_ragged_dot(got, want, rtol, atol):
+    """(loss, outputs, gradients) of `loss_and_grads` against the ragged dot's; the loss summed in another order."""
+    (got_value, got_out, got_grads), (want_value, want_out, want_grads) = got, want
+    np.testing.assert_allclose(got_out, want_out, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(got_value, want_value, rtol=1e-5)
+    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(got_grad, want_grad, rtol=rtol, atol=atol)
+
+
 @pytest.mark.parametrize(
     "mesh_config",
     [MeshConfig(data=1, fsdp=1, tensor=1, expert=8), MeshConfig(data=2, fsdp=2, tensor=2, expert=1)],
@@ -38,18 +47,15 @@ def test_split_rows_equal_the_plain_ragged_dot(mesh_config):
     kernels = rng.standard_normal((len(GROUP_SIZES), IN, OUT)).astype(np.float32)
     assert GROUP_SIZES.sum() == ROWS
 
-    want_value, want_out, want_grads = jax.jit(loss_and_grads)(rows, kernels, GROUP_SIZES)  # no mesh: plain
+    want = jax.jit(loss_and_grads)(rows, kernels, GROUP_SIZES)  # no mesh: plain
     mesh = partitioning.make_mesh(mesh_config)
     step = jax.jit(loss_and_grads)
     with jax.set_mesh(mesh), nn.logical_axis_rules(mesh_config.rules):
         assert "shard_map" in str(jax.make_jaxpr(loss_and_grads)(rows, kernels, GROUP_SIZES))
-        got_value, got_out, got_grads = step(rows, kernels, GROUP_SIZES)
+        got = step(rows, kernels, GROUP_SIZES)
         compiled = step.lower(rows, kernels, GROUP_SIZES).compile().as_text()
 
-    np.testing.assert_allclose(got_out, want_out, rtol=1e-6, atol=1e-5)
-    np.testing.assert_allclose(got_value, want_value, rtol=1e-5)  # summed in another order
-    for got, want in zip(got_grads, want_grads, strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+    assert_equal_to_the_ragged_dot(got, want, rtol=1e-6, atol=1e-5)
     row_ways = 8 if mesh_config.expert == 8 else 4  # the batch axes: expert, or data x fsdp
     assert f"f32[{ROWS // row_ways},{OUT}]" in compiled  # each device's products are its share of the rows
 
@@ -64,15 +70,6 @@ def test_outside_a_mesh_and_with_uneven_rows_it_is_the_ragged_dot():
         np.testing.assert_array_equal(jax.jit(grouped_matmul)(rows, kernels, sizes), want)  # 3 rows, 8 devices
 
 
-def assert_equal_to_the_ragged_dot(got, want, rtol=1e-5, atol=5e-5):
-    """Float32 sums in another order (megablox's 128-wide tiles): outputs up to about 25 here."""
-    (got_value, got_out, got_grads), (want_value, want_out, want_grads) = got, want
-    np.testing.assert_allclose(got_out, want_out, rtol=rtol, atol=atol)
-    np.testing.assert_allclose(got_value, want_value, rtol=1e-5)
-    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
-        np.testing.assert_allclose(got_grad, want_grad, rtol=rtol, atol=atol)
-
-
 def test_megablox_equals_the_ragged_dot_on_rows_and_sizes_off_its_tiles():
     """200 rows (padded to 256 for the 128-row tiles), in 40 and out 72 (partial tiles), empty groups."""
     rng = np.random.default_rng(1)
@@ -82,5 +79,4 @@ def test_megablox_equals_the_ragged_dot_on_rows_and_sizes_off_its_tiles():
     want = jax.jit(loss_and_grads, static_argnums=3)(rows, kernels, sizes, jax.lax.ragged_dot)
     with pltpu.force_tpu_interpret_mode():
         got = jax.jit(loss_and_grads, static_argnums=3)(rows, kernels, sizes, megablox_dot)
-    assert_equal_to_the_ragged_dot(got, want)
-
+    assert_equal_to_the_ragged_dot(got, want, rtol=1e-5, atol=5e-5)  # megablox's 128-wide tiles; outputs up to ~25
