@@ -94,11 +94,11 @@ def _rows() -> list[Row]:
             rows.append(Row(name, "t5_1_1_large", "v5e:2x2", "fsdp", options, table="remat_scan"))
     # Each kernel option with and without it (table "kernels"), on small slices so that a row compiles in minutes.
     long = "train.task_feature_lengths = {'inputs': 2048, 'targets': 2048}"
-    for size, batch in (("base", 4), ("base", 8), ("large", 4)):  # length 2048, one or two sequences per device
-        for kernel in ("einsum", "pallas_tpu_flash"):
-            rows.append(Row(f"t5_{size}_2048_{kernel}" + ("_b8" if batch == 8 else ""), f"t5_1_1_{size}", "v5e:2x2",
-                            "fsdp", (long, f"train.batch_size = {batch}", f"T5Config.attention_kernel = '{kernel}'"),
-                            table="kernels"))
+    for size, batch, dtype in (("base", 4, ()), ("base", 8, ()), ("large", 4, ()), ("large", 4, BF16)):  # length 2048,
+        for kernel in ("einsum", "pallas_tpu_flash"):  # one or two sequences per device
+            name = f"t5_{size}_2048_{kernel}" + ("_b8" if batch == 8 else "") + ("_bf16" if dtype else "")
+            options = (long, f"train.batch_size = {batch}", f"T5Config.attention_kernel = '{kernel}'", *dtype)
+            rows.append(Row(name, f"t5_1_1_{size}", "v5e:2x2", "fsdp", options, table="kernels"))
     for dropless in (False, True):  # Switch-Base-16, experts over the 16 chips of v5e:4x4
         rows.append(Row("switch_base_16_v5e_4x4" + ("_dropless" if dropless else ""), "switch_base_16", "v5e:4x4",
                         "fsdp", ("MeshConfig.expert = 16", f"T5Config.moe_dropless = {dropless}"), table="kernels"))
