@@ -191,13 +191,20 @@ class MultiHeadAttention(nn.Module):
             )
         if self.attention_kernel == "pallas_tpu_flash":
             return jnp.swapaxes(tpu_flash_attention(jnp.swapaxes(query, 1, 2), key, value, mask), 1, 2)
-        batch, num_queries, num_keys = query.shape[0], query.shape[1], key.shape[2]
-        bias = mask.dense_bias(self.dtype)
-        if bias is not None:
-            bias = jnp.broadcast_to(jnp.asarray(bias, query.dtype), (batch, bias.shape[1], num_queries, num_keys))
+        structure = {}
+        if mask.unpacked:  # padding as sequence lengths, causality as a flag; the bias (T5's) as it is
+            query_lengths, key_lengths = mask.sequence_lengths()
+            structure = {"is_causal": mask.causal, "query_seq_lengths": query_lengths,
+                         "key_value_seq_lengths": key_lengths}  # fmt: skip
+            bias = mask.bias
+        else:
+            bias = mask.dense_bias(self.dtype)
+            if bias is not None:
+                bias = jnp.broadcast_to(bias, (query.shape[0], bias.shape[1], query.shape[1], key.shape[2]))
+        bias = None if bias is None else jnp.asarray(bias, query.dtype)
         key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [b, k, h, d]
         return jax.nn.dot_product_attention(
-            query, key, value, bias, scale=1.0, implementation=self.attention_kernel
+            query, key, value, bias, scale=1.0, implementation=self.attention_kernel, **structure
         )
 
     def _write_to_cache(self, key: Array, value: Array, index: Array) -> tuple[Array, Array]:

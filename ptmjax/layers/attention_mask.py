@@ -9,9 +9,12 @@ segment ids, and without them causality alone keeps real positions clean.
 `AttentionMask` keeps a mask structured where it can be: segment ids of the queries and keys
 (unpacked rows are segment 1, encoder padding segment 0), a causal flag, and an additive bias for
 what is a real bias (T5's relative positions). That is what a flash-attention kernel takes
-('pallas_tpu_flash'); `dense_bias` folds it into the one additive bias that 'einsum', 'xla' and
-'cudnn' take. Masks with no such form (the prefix LM's bidirectional prefix, decoding caches,
-prefix tuning's prepended keys, the permutation LM's streams) are a folded bias alone.
+('pallas_tpu_flash'); 'xla' and 'cudnn' take an unpacked batch's mask as sequence lengths and a
+causal flag (padding is read as each row's tail, where seqio and tokenizers put it), which spares
+cuDNN a [batch, heads, q, k] bias and its gradient; `dense_bias` folds any mask into the one
+additive bias that 'einsum' takes, and 'xla' and 'cudnn' for packed batches. Masks with no such
+form (the prefix LM's bidirectional prefix, decoding caches, prefix tuning's prepended keys, the
+permutation LM's streams) are a folded bias alone.
 """
 
 from __future__ import annotations
@@ -76,12 +79,14 @@ class AttentionMask:
     causal: also only the keys at or before the query's index (self-attention; set with segment ids).
     bias: added to the logits, broadcastable to [b, heads, q, k]: T5's relative-position bias, or a
       mask with no structured form folded by `mask_to_bias`; None: nothing.
+    unpacked: the segment ids only mark padding (1: a token, 0: padding), at each row's tail.
     """
 
     bias: Array | None = None
     query_segment_ids: Array | None = None
     key_segment_ids: Array | None = None
     causal: bool = flax.struct.field(pytree_node=False, default=False)
+    unpacked: bool = flax.struct.field(pytree_node=False, default=False)
 
     def dense_bias(self, dtype: DType) -> Array | None:
         """The mask folded into one additive bias [b|1, heads|1, q, k] (None: no mask, no bias)."""
@@ -93,10 +98,16 @@ class AttentionMask:
         folded = mask_to_bias(mask, dtype)
         return folded if self.bias is None else self.bias + folded
 
+    def sequence_lengths(self) -> tuple[Array, Array]:
+        """int32 [b] each: the queries' and the keys' unpadded lengths (of an `unpacked` mask)."""
+        ids = (self.query_segment_ids, self.key_segment_ids)
+        return tuple(jnp.sum(segments > 0, axis=1, dtype=jnp.int32) for segments in ids)
+
     def for_kernel(self, kernel: str, dtype: DType) -> AttentionMask:
-        """The mask as `kernel` reads it: this one for 'pallas_tpu_flash', else `dense_bias`, folded once
-        where a stack's layers share it."""
-        return self if kernel == "pallas_tpu_flash" else AttentionMask(self.dense_bias(dtype))
+        """The mask as `kernel` reads it: this one for 'pallas_tpu_flash', and for 'xla' and 'cudnn' if
+        `unpacked`; else `dense_bias`, folded once where a stack's layers share it."""
+        structured = kernel == "pallas_tpu_flash" or (self.unpacked and kernel in ("xla", "cudnn"))
+        return self if structured else AttentionMask(self.dense_bias(dtype))
 
 
 def encoder_attention_mask(
@@ -104,13 +115,13 @@ def encoder_attention_mask(
 ) -> AttentionMask:
     """Bidirectional self-attention among the tokens != pad_token_id of a segment, plus `bias`."""
     ids = _unpadded_segments(tokens, segment_ids, pad_token_id)
-    return AttentionMask(bias, ids, ids)
+    return AttentionMask(bias, ids, ids, unpacked=segment_ids is None)
 
 
 def decoder_attention_mask(tokens: Array, segment_ids: Array | None = None, bias: Array | None = None) -> AttentionMask:
     """Causal self-attention within a segment (padding masked only by segment ids), plus `bias`."""
     ids = _segments(tokens, segment_ids)
-    return AttentionMask(bias, ids, ids, causal=True)
+    return AttentionMask(bias, ids, ids, causal=True, unpacked=segment_ids is None)
 
 
 def cross_attention_mask(
@@ -128,7 +139,8 @@ def cross_attention_mask(
             f"encoder_segment_ids={'set' if encoder_segment_ids is not None else None}."
         )
     query_ids = _segments(decoder_tokens, decoder_segment_ids)
-    return AttentionMask(None, query_ids, _unpadded_segments(encoder_tokens, encoder_segment_ids, pad_token_id))
+    key_ids = _unpadded_segments(encoder_tokens, encoder_segment_ids, pad_token_id)
+    return AttentionMask(None, query_ids, key_ids, unpacked=decoder_segment_ids is None)
 
 
 def _segments(tokens: Array, segment_ids: Array | None) -> Array:

@@ -25,8 +25,10 @@ class ModelConfig(LayerStackConfig):
     dtype: activation/compute dtype ('float32' or 'bfloat16'); param_dtype: storage dtype.
     remat_policy, scan_layers: how the layer stacks run (LayerStackConfig).
     attention_kernel: 'einsum' (the reference), 'xla' / 'cudnn' for `jax.nn.dot_product_attention`
-      with that implementation, or 'pallas_tpu_flash' for JAX's Pallas TPU flash-attention kernel
-      (interpreted on CPU) (ptmjax/layers/attention.py's ATTENTION_KERNELS).
+      with that implementation (an unpacked batch's padding goes to them as sequence lengths, so it
+      must be at the end of each row, as seqio and tokenizers put it), or 'pallas_tpu_flash' for JAX's
+      Pallas TPU flash-attention kernel (interpreted on CPU) (ptmjax/layers/attention.py's
+      ATTENTION_KERNELS).
 
     The activation is not among them: T5 names a tuple (`ffn_activations`,
     gated or not), the others one function (`activation`, see `check_activation`).

@@ -61,3 +61,19 @@ def test_a_bias_is_added_to_the_folded_mask_and_one_sided_segment_ids_are_refuse
     np.testing.assert_array_equal(dense.bias, mask.dense_bias(jnp.float32))
     with pytest.raises(ValueError, match="needs both decoder_segment_ids and encoder_segment_ids"):
         cross_attention_mask(jnp.asarray(TOKENS), jnp.asarray(TOKENS), jnp.asarray(SEGMENTS))
+
+
+def test_unpacked_masks_reach_the_fused_kernels_as_lengths_and_packed_ones_as_a_folded_bias():
+    tokens, bias = jnp.asarray(TOKENS), jnp.ones((1, 2, 6, 6))
+    unpacked = encoder_attention_mask(tokens, pad_token_id=1, bias=bias)
+    assert unpacked.unpacked and not decoder_attention_mask(tokens, jnp.asarray(SEGMENTS)).unpacked
+    for kernel in ("xla", "cudnn", "pallas_tpu_flash"):
+        assert unpacked.for_kernel(kernel, jnp.float32) is unpacked
+    dense = unpacked.for_kernel("einsum", jnp.float32)
+    assert not dense.unpacked and dense.query_segment_ids is None
+    np.testing.assert_array_equal(unpacked.sequence_lengths()[1], (TOKENS != 1).sum(axis=1))
+    cross = cross_attention_mask(tokens[:, :4], tokens, pad_token_id=1)
+    assert cross.unpacked and not cross.causal
+    queries, keys = cross.sequence_lengths()
+    np.testing.assert_array_equal(queries, [4, 4])
+    np.testing.assert_array_equal(keys, (TOKENS != 1).sum(axis=1))

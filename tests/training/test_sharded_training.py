@@ -55,19 +55,35 @@ def packed_batch(seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+def unpacked_batch(seed: int = 1) -> dict[str, np.ndarray]:
+    """Random unpacked rows, each with a padded tail of its own length."""
+    rng = np.random.default_rng(seed)
+
+    def tokens(length):
+        real = np.arange(length)[None] < rng.integers(length // 4, length + 1, (BATCH, 1))
+        return (rng.integers(2, CONFIG.vocab_size, size=(BATCH, length)) * real).astype(np.int32)
+
+    targets = tokens(TARGETS)
+    return {
+        "encoder_input_tokens": tokens(INPUTS), "decoder_input_tokens": np.roll(targets, 1, axis=1) * (targets > 0),
+        "decoder_target_tokens": targets, "decoder_loss_weights": (targets > 0).astype(np.int32),
+    }  # fmt: skip
+
+
 @functools.lru_cache(maxsize=None)
 def train(
-    mesh_config: MeshConfig, single_device: bool = False, num_microbatches: int = 1, dtype: str = "float32"
-):
+    mesh_config: MeshConfig, single_device: bool = False, num_microbatches: int = 1, dtype: str = "float32",
+    attention_kernel: str = "einsum", packed: bool = True,
+):  # fmt: skip
     """Runs STEPS steps; cached, since each distinct run costs a compile."""
     mesh = partitioning.make_mesh(mesh_config, jax.devices()[:1] if single_device else None)
     schedule = rsqrt_with_warmup(peak_learning_rate=0.01, warmup_steps=10)
-    model = EncoderDecoder(dataclasses.replace(CONFIG, dtype=dtype))
+    model = EncoderDecoder(dataclasses.replace(CONFIG, dtype=dtype, attention_kernel=attention_kernel))
     trainer = Trainer(
         model, adafactor(schedule), schedule, mesh, mesh_config.rules, LossConfig(z_loss=1e-4), num_microbatches
     )
     state = trainer.init_state(jax.random.key(0))
-    batch = partitioning.global_batch(packed_batch(), mesh)
+    batch = partitioning.global_batch(packed_batch() if packed else unpacked_batch(), mesh)
     losses = []
     for _ in range(STEPS):  # the same batch, so the loss must fall
         state, metrics = trainer.train_step(state, batch, jax.random.key(1))
@@ -107,6 +123,19 @@ def test_sharded_run_matches_single_device(name, single_device):
         state.params, want_params,
     )
     assert_laid_out_by_rules(trainer, state)
+
+
+def test_fused_attention_given_sequence_lengths_shards_like_one_device():
+    """attention_kernel='xla' takes an unpacked batch's padding as sequence lengths [batch], sharded with its rows:
+    the (data=2, fsdp=2, tensor=2) run equals one device's."""
+    _, want_state, want_losses = train(MeshConfig(), single_device=True, attention_kernel="xla", packed=False)
+    _, state, losses = train(MESHES["dp_fsdp_tp"], attention_kernel="xla", packed=False)
+    assert losses[-1] < losses[0]
+    np.testing.assert_allclose(losses, want_losses, rtol=2e-5)
+    jax.tree.map(
+        lambda got, want: np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5),
+        state.params, jax.device_get(want_state.params),
+    )
 
 
 def test_fsdp_shards_the_optimizer_state_too():
