@@ -1,7 +1,8 @@
 """T5 multi-head attention, and the key/value cache of decoding.
 
 Masks come as an `AttentionMask` (ptmjax/layers/attention_mask.py): segment ids, a causal flag and
-an additive bias, folded into one bias for every kernel but 'pallas_tpu_flash'.
+an additive bias, folded into one bias for 'einsum' (and for 'xla' and 'cudnn' when the batch is packed;
+an unpacked one reaches them as sequence lengths).
 
 Decoding keeps keys and values in the 'cache' collection (see `CacheSlots`
 and `MultiHeadAttention`): self-attention writes each step's keys into a
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 
 from ptmjax.layers import mixed_precision
 from ptmjax.layers.attention_mask import AttentionMask, pairwise_mask
-from ptmjax.layers.common import DType
+from ptmjax.layers.common import DType, target_platform
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.pallas_attention import tpu_flash_attention
 
@@ -143,10 +144,10 @@ class MultiHeadAttention(nn.Module):
         key, value, mask = self.attended(key, value, mask)
         if self.scale_logits:
             query = query * jnp.asarray(self.head_dim**-0.5, query.dtype)
-        # 'pallas_tpu_flash' initialises through the einsum path: init needs only the shapes, and on CPU the
-        # kernel's interpret mode (callbacks that run JAX) can deadlock against flax's eager parameter init.
-        kernel = self.attention_kernel
-        if kernel == "einsum" or (kernel == "pallas_tpu_flash" and self.is_initializing()):
+        # Every kernel initialises through the einsum path: init needs only the shapes, so a host without the
+        # kernel's device can initialise (cuDNN needs a GPU), and on CPU the Pallas kernel's interpret mode
+        # (callbacks that run JAX) can deadlock against flax's eager parameter init.
+        if self.attention_kernel == "einsum" or self.is_initializing():
             logits = mixed_precision.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
             bias = mask.dense_bias(self.dtype)
             if bias is not None:
@@ -191,6 +192,8 @@ class MultiHeadAttention(nn.Module):
             )
         if self.attention_kernel == "pallas_tpu_flash":
             return jnp.swapaxes(tpu_flash_attention(jnp.swapaxes(query, 1, 2), key, value, mask), 1, 2)
+        if self.attention_kernel == "cudnn":
+            _check_cudnn(query.dtype)
         structure = {}
         if mask.unpacked:  # padding as sequence lengths, causality as a flag; the bias (T5's) as it is
             query_lengths, key_lengths = mask.sequence_lengths()
@@ -222,3 +225,18 @@ class MultiHeadAttention(nn.Module):
                 variable.value = nn.with_logical_constraint(updated, KV_AXES)
             cached.append(variable.value)
         return tuple(cached) if created else (key, value)
+
+
+def _check_cudnn(dtype: DType) -> None:
+    """Raise unless cuDNN's fused attention can run: on an NVIDIA GPU, in bfloat16 or float16."""
+    platform = target_platform()
+    if platform != "gpu":
+        raise ValueError(
+            f"attention_kernel='cudnn' runs on an NVIDIA GPU, not on {platform!r}; use attention_kernel='xla' or "
+            "'einsum' there ('pallas_tpu_flash' on TPU)"
+        )
+    if dtype not in (jnp.bfloat16, jnp.float16):
+        raise ValueError(
+            f"attention_kernel='cudnn' needs bfloat16 or float16 activations, got {jnp.dtype(dtype).name}; set the "
+            "model config's dtype='bfloat16' or use attention_kernel='xla'"
+        )

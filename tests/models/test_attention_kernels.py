@@ -111,6 +111,18 @@ def test_the_fused_kernel_refuses_attention_dropout_and_unknown_kernels():
         dataclasses.replace(config, attention_kernel="flash")
 
 
+def test_cudnn_outside_a_gpu_or_in_float32_is_refused_with_the_fix(monkeypatch):
+    config, batch, _ = CASES["gpt2_causal"]
+    model = GPT2(dataclasses.replace(config, attention_kernel="cudnn", dtype="bfloat16"))
+    params = model.init(jax.random.key(0), batch["decoder_input_tokens"])  # initialises through the einsum path
+    with pytest.raises(ValueError, match="kernel='cudnn' runs on an NVIDIA GPU, not on 'cpu'; use attention_kernel="):
+        model.apply(params, **batch)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    model = GPT2(dataclasses.replace(config, attention_kernel="cudnn"))
+    with pytest.raises(ValueError, match="needs bfloat16 or float16 activations, got float32; set the model config's"):
+        model.apply(params, **batch)
+
+
 def relative_error(got, want, floor: float = 0.0) -> float:
     """||got - want|| / ||want||, the denominator at least `floor`."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
