@@ -73,11 +73,18 @@ def test_scanned_and_rematerialised_layers_decode_the_same(name, jit_predict):
     assert_matches_uncached(scanned, layer_stack.scan(params, config), plain, params, jit_predict)
 
 
-@pytest.mark.parametrize("name", ["t5_1_1", pytest.param("gpt2", marks=pytest.mark.slow)])
-def test_bfloat16_activations_decode_like_uncached_bfloat16(name, jit_predict):
-    """The cache holds bf16 keys and values; the uncached bf16 model picks the same tokens."""
+ON_GPU = pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's fused attention runs on an NVIDIA GPU")
+
+
+@pytest.mark.parametrize("name, kernel", [
+    ("t5_1_1", "einsum"), pytest.param("gpt2", "einsum", marks=pytest.mark.slow),
+    pytest.param("t5_1_1", "cudnn", marks=ON_GPU), pytest.param("gpt2", "cudnn", marks=ON_GPU),
+])  # fmt: skip
+def test_bfloat16_activations_decode_like_uncached_bfloat16(name, kernel, jit_predict):
+    """The cache holds bf16 keys and values; the uncached bf16 model picks the same tokens (with cuDNN's
+    attention too, on a GPU: the cache's one-query steps against whole unpacked sequences)."""
     plain = MODELS[name]
-    module = plain.clone(config=dataclasses.replace(plain.config, dtype="bfloat16"))
+    module = plain.clone(config=dataclasses.replace(plain.config, dtype="bfloat16", attention_kernel=kernel))
     params = peaked_params(plain)
     out = jit_predict(module)(params, prompt_batch(module), GREEDY, IDS)
     assert out.tokens.dtype == np.int32
