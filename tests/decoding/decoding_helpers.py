@@ -47,7 +47,7 @@ PROMPT_SEGMENTS = (PROMPTS > 0).astype(np.int32)
 def peaked_params(module: nn.Module, scale: float = 6.0, seed: int = 0) -> dict:
     """Random parameters with embedding tables N(0, 1) and other matrices scaled up, so next-token
     distributions are peaked but vary with the context."""
-    params = nn.unbox(model_api(module).init(jax.random.key(seed)))
+    params = nn.unbox(jax.jit(model_api(module).init)(jax.random.key(seed)))  # compiled: eager ops are slow on a GPU
 
     def peaked(path: tuple, x: jnp.ndarray) -> jnp.ndarray:
         if jax.tree_util.keystr(path).endswith("['embedding']"):
