@@ -79,7 +79,9 @@ class AttentionMask:
     causal: also only the keys at or before the query's index (self-attention; set with segment ids).
     bias: added to the logits, broadcastable to [b, heads, q, k]: T5's relative-position bias, or a
       mask with no structured form folded by `mask_to_bias`; None: nothing.
-    unpacked: the segment ids only mark padding (1: a token, 0: padding), at each row's tail.
+    unpacked: the segment ids only mark padding (1: a token, 0: padding), expected at each row's tail: the
+      kernels that read it as sequence lengths ('xla', 'cudnn') take a padding id before a row's last
+      token for a token.
     """
 
     bias: Array | None = None
@@ -99,9 +101,11 @@ class AttentionMask:
         return folded if self.bias is None else self.bias + folded
 
     def sequence_lengths(self) -> tuple[Array, Array]:
-        """int32 [b] each: the queries' and the keys' unpadded lengths (of an `unpacked` mask)."""
+        """int32 [b] each: the queries' and the keys' lengths up to each row's last nonzero segment id (of an
+        `unpacked` mask, whose padding is what follows that)."""
         ids = (self.query_segment_ids, self.key_segment_ids)
-        return tuple(jnp.sum(segments > 0, axis=1, dtype=jnp.int32) for segments in ids)
+        return tuple(jnp.max(jnp.where(segments > 0, jnp.arange(1, segments.shape[1] + 1), 0), axis=1).astype(jnp.int32)
+                     for segments in ids)  # fmt: skip
 
     def for_kernel(self, kernel: str, dtype: DType) -> AttentionMask:
         """The mask as `kernel` reads it: this one for 'pallas_tpu_flash', and for 'xla' and 'cudnn' if
