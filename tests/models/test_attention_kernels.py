@@ -115,7 +115,8 @@ def test_cudnn_outside_a_gpu_or_in_float32_is_refused_with_the_fix(monkeypatch):
     config, batch, _ = CASES["gpt2_causal"]
     model = GPT2(dataclasses.replace(config, attention_kernel="cudnn", dtype="bfloat16"))
     params = model.init(jax.random.key(0), batch["decoder_input_tokens"])  # initialises through the einsum path
-    with pytest.raises(ValueError, match="kernel='cudnn' runs on an NVIDIA GPU, not on 'cpu'; use attention_kernel="):
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    with pytest.raises(ValueError, match="kernel='cudnn' runs on an NVIDIA GPU, not on 'tpu'; use attention_kernel="):
         model.apply(params, **batch)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     model = GPT2(dataclasses.replace(config, attention_kernel="cudnn"))
