@@ -95,7 +95,7 @@ def test_cached_greedy_decoding_equals_einsum(case):
     decoded = {}
     for kernel in ("einsum", "xla"):
         api = model_api(MODELS[type(config)](dataclasses.replace(config, attention_kernel=kernel)))
-        params = jax.tree.map(lambda b: b.value, api.init(jax.random.key(0)), is_leaf=lambda x: hasattr(x, "value"))
+        params = nn.unbox(api.init(jax.random.key(0)))
         decoded[kernel] = api.predict(params, batch, DecodeConfig(max_decode_length=5), ids)
     np.testing.assert_array_equal(decoded["xla"].tokens, decoded["einsum"].tokens)
     np.testing.assert_allclose(decoded["xla"].scores, decoded["einsum"].scores, rtol=1e-5)
