@@ -100,6 +100,15 @@ def single_device():
 MESHES = {name: mesh_preset(name) for name in ("dp", "fsdp", "tp", "dp_fsdp_tp")}
 
 
+def assert_same_run(state, losses, want_params, want_losses) -> None:
+    """The losses agree to 2e-5 relative and the parameters to 1e-4 relative plus 2e-5."""
+    np.testing.assert_allclose(losses, want_losses, rtol=2e-5)
+    jax.tree.map(
+        lambda got, want: np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5),
+        state.params, want_params,
+    )
+
+
 def test_mesh_presets_lay_out_eight_devices_as_documented():
     sizes = {name: config.axis_sizes(8) for name, config in MESHES.items()}
     assert sizes["dp"] == {"data": 8, "fsdp": 1, "tensor": 1, "expert": 1}
@@ -117,11 +126,7 @@ def test_sharded_run_matches_single_device(name, single_device):
     want_params, want_losses = single_device
     trainer, state, losses = train(MESHES[name])
     assert losses[-1] < losses[0], "training did not reduce the loss"
-    np.testing.assert_allclose(losses, want_losses, rtol=2e-5)
-    jax.tree.map(
-        lambda got, want: np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=2e-5),
-        state.params, want_params,
-    )
+    assert_same_run(state, losses, want_params, want_losses)
     assert_laid_out_by_rules(trainer, state)
 
 
@@ -131,11 +136,7 @@ def test_fused_attention_given_sequence_lengths_shards_like_one_device():
     _, want_state, want_losses = train(MeshConfig(), single_device=True, attention_kernel="xla", packed=False)
     _, state, losses = train(MESHES["dp_fsdp_tp"], attention_kernel="xla", packed=False)
     assert losses[-1] < losses[0]
-    np.testing.assert_allclose(losses, want_losses, rtol=2e-5)
-    jax.tree.map(
-        lambda got, want: np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5),
-        state.params, jax.device_get(want_state.params),
-    )
+    assert_same_run(state, losses, jax.device_get(want_state.params), want_losses)
 
 
 def test_fsdp_shards_the_optimizer_state_too():
@@ -150,11 +151,7 @@ def test_fsdp_shards_the_optimizer_state_too():
 def test_gradient_accumulation_equals_one_large_batch(single_device):
     want_params, want_losses = single_device
     _, state, losses = train(MeshConfig(data=4, fsdp=2), num_microbatches=2)
-    np.testing.assert_allclose(losses, want_losses, rtol=2e-5)
-    jax.tree.map(
-        lambda got, want: np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=2e-5),
-        state.params, want_params,
-    )
+    assert_same_run(state, losses, want_params, want_losses)
 
 
 def test_bfloat16_activations_train_float32_parameters(single_device):
@@ -196,8 +193,4 @@ def test_gpt2_sharded_matches_single_device():
     want_state, want_losses = run_gpt2(MeshConfig(), single_device=True)
     state, losses = run_gpt2(MESHES["dp_fsdp_tp"])
     assert losses[-1] < losses[0]
-    np.testing.assert_allclose(losses, want_losses, rtol=2e-5)
-    jax.tree.map(
-        lambda got, want: np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5),
-        state.params, jax.device_get(want_state.params),
-    )
+    assert_same_run(state, losses, jax.device_get(want_state.params), want_losses)
