@@ -5,7 +5,7 @@ import os
 import time
 from typing import Any
 
-from ptmjax import host_malloc, quiet_tensorflow
+from ptmjax import host_malloc, tensorflow_import
 
 IMPORTED_AT = time.perf_counter()  # when the process first imported ptmjax: training's start-up line counts from it
 
@@ -19,7 +19,7 @@ if _CPU_SCHEDULER_FLAG not in os.environ.get("XLA_FLAGS", ""):
 
 
 host_malloc.install()  # before JAX or TensorFlow start threads
-quiet_tensorflow.install()
+tensorflow_import.install()
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ptmjax.gin_files import GIN_CONFIGS, parse_gin
+from ptmjax import tensorflow_import
 
 DEFAULT_GIN_FILE = "runs/demo.gin"
 TRACEBACK_HELP = "show the full traceback of an error (also: PTMJAX_TRACEBACK=1)"
@@ -29,6 +29,8 @@ _AFTER.add_argument("--traceback", action="store_true", default=argparse.SUPPRES
 
 
 def _parser() -> argparse.ArgumentParser:
+    from ptmjax.gin_files import GIN_CONFIGS
+
     parser = argparse.ArgumentParser(prog="ptmjax", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
@@ -217,6 +219,7 @@ def run_train(args: argparse.Namespace) -> int:
         import jax
 
         jax.config.update("jax_num_cpu_devices", args.num_cpu_devices)
+    from ptmjax.gin_files import parse_gin
     from ptmjax.training.loop import train
 
     gin_files = parse_gin(args.gin_file or [DEFAULT_GIN_FILE], args.gin_bindings)
@@ -275,6 +278,7 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tensorflow_import.hold_back(tensorflow_import.KERAS_EXTRAS)  # before anything imports TensorFlow
     args = _parser().parse_args(argv)
     try:
         return _run(args)

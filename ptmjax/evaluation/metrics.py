@@ -4,7 +4,9 @@ seqio sorts a task's metric functions by their positional argument names, so
 those names are fixed. Targets and predictions are what the task's
 postprocessor returns: class ids for classification, floats for STS-B, text
 for generation. The functions wrap scikit-learn, SciPy, sacrebleu and
-rouge_score rather than reimplementing them.
+rouge_score rather than reimplementing them, and import them when first called:
+a training run imports this module (its tasks name these functions) but calls
+none of them, and scikit-learn with SciPy alone take about 0.8 s to import.
 
 Scale: like T5 (`t5.evaluation.metrics`), every value except perplexity is
 reported on 0-100: accuracy, F1, exact match, BLEU, ROUGE, and also the
@@ -21,31 +23,33 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import sacrebleu
-import scipy.stats
 import seqio
-from rouge_score import rouge_scorer
-from sklearn import metrics as sklearn_metrics
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeLsum")
 
 
 def accuracy(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, float]:
     """{'accuracy': % of predictions equal to their target} (labels of any comparable type)."""
-    return {"accuracy": 100.0 * sklearn_metrics.accuracy_score(targets, predictions)}
+    from sklearn.metrics import accuracy_score
+
+    return {"accuracy": 100.0 * accuracy_score(targets, predictions)}
 
 
 def f1_binary(targets: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
     """{'f1': F1 of class 1} over 0/1 labels; a prediction that is neither (-1: unparseable) is wrong, as in T5."""
+    from sklearn.metrics import f1_score
+
     targets, predictions = np.asarray(targets), np.array(predictions)
     invalid = (predictions != 0) & (predictions != 1)
     predictions[invalid] = 1 - targets[invalid]
-    return {"f1": 100.0 * sklearn_metrics.f1_score(targets, predictions)}
+    return {"f1": 100.0 * f1_score(targets, predictions)}
 
 
 def f1_macro(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, float]:
     """{'f1_macro': unweighted mean of the per-class F1 over every label in the targets or predictions}."""
-    return {"f1_macro": 100.0 * sklearn_metrics.f1_score(targets, predictions, average="macro")}
+    from sklearn.metrics import f1_score
+
+    return {"f1_macro": 100.0 * f1_score(targets, predictions, average="macro")}
 
 
 def multiclass_f1(num_classes: int) -> Callable[[Sequence[int], Sequence[int]], dict[str, float]]:
@@ -58,7 +62,9 @@ def multiclass_f1(num_classes: int) -> Callable[[Sequence[int], Sequence[int]], 
     key = f"mean_{num_classes}class_f1"
 
     def metric(targets: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
-        score = sklearn_metrics.f1_score(targets, predictions, labels=range(num_classes), average="macro")
+        from sklearn.metrics import f1_score
+
+        score = f1_score(targets, predictions, labels=range(num_classes), average="macro")
         return {key: 100.0 * score}
 
     return metric
@@ -66,17 +72,23 @@ def multiclass_f1(num_classes: int) -> Callable[[Sequence[int], Sequence[int]], 
 
 def matthews_corrcoef(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, float]:
     """{'matthews_corrcoef': 100 x Matthews' correlation} (CoLA's metric)."""
-    return {"matthews_corrcoef": 100.0 * sklearn_metrics.matthews_corrcoef(targets, predictions)}
+    from sklearn.metrics import matthews_corrcoef as coefficient
+
+    return {"matthews_corrcoef": 100.0 * coefficient(targets, predictions)}
 
 
 def pearson_corrcoef(targets: Sequence[float], predictions: Sequence[float]) -> dict[str, float]:
     """{'pearson_corrcoef': 100 x Pearson's r} of float targets and predictions."""
-    return {"pearson_corrcoef": 100.0 * float(scipy.stats.pearsonr(targets, predictions)[0])}
+    from scipy.stats import pearsonr
+
+    return {"pearson_corrcoef": 100.0 * float(pearsonr(targets, predictions)[0])}
 
 
 def spearman_corrcoef(targets: Sequence[float], predictions: Sequence[float]) -> dict[str, float]:
     """{'spearman_corrcoef': 100 x Spearman's rho} of float targets and predictions."""
-    return {"spearman_corrcoef": 100.0 * float(scipy.stats.spearmanr(targets, predictions)[0])}
+    from scipy.stats import spearmanr
+
+    return {"spearman_corrcoef": 100.0 * float(spearmanr(targets, predictions)[0])}
 
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -117,6 +129,8 @@ def squad(targets: Sequence[Sequence[str]], predictions: Sequence[str]) -> dict[
 def bleu(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
     """{'bleu': sacrebleu's corpus BLEU} with one reference per example and T5's settings ('intl' tokenizer,
     exponential smoothing, no lower-casing)."""
+    import sacrebleu
+
     score = sacrebleu.corpus_bleu(
         list(predictions), [list(targets)], smooth_method="exp", lowercase=False, tokenize="intl",
         use_effective_order=False,
@@ -135,6 +149,8 @@ def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float
     rougeLsum treats each line as a sentence; as T5 does, ' . ' first ends a line. T5 reports the
     bootstrap aggregator's mid value, an estimate of this mean; the plain mean here is deterministic.
     """
+    from rouge_score import rouge_scorer
+
     scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
     totals = dict.fromkeys(ROUGE_KEYS, 0.0)
     for target, prediction in zip(targets, predictions, strict=True):
