@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import itertools
 import os
@@ -185,12 +186,7 @@ def train(
         print(f"Training {count:,} of {total:,} parameter values ({count / total:.2%}); the rest are frozen")
     part = saved_part(folder, trainer, init_checkpoint, trainable is not None)
     check_resumable(folder, part.of(trainer.abstract_state))  # before config.gin is rewritten
-    validation_dataset = check_run_splits(
-        mixture_or_task_name,
-        lambda: run_dataset(mixture_or_task_name, "validation", task_feature_lengths, batch_size,
-                            trainer.api.family.feature_converter, seed=seed, pack=pack, shuffle=False, num_epochs=1,
-                            pad_final_batch=True),
-    )  # fmt: skip
+    check_run_splits(mixture_or_task_name)
     startup.mark("model and checks")
     os.makedirs(folder.path, exist_ok=True)
     checkpointer = folder.checkpointer(max_to_keep=keep_checkpoints)
@@ -249,10 +245,17 @@ def train(
         )
         # Its state() is the data position that checkpoints save: the batches taken, not those read ahead.
         train_batches = DevicePrefetcher(train_iter, lambda b: partitioning.global_batch(b, mesh), prefetch_batches)
+        startup.mark("train pipeline")
+
+        # Built at the first evaluation, once: unshuffled, it reads the same batches at every evaluation.
+        validation_dataset = functools.cache(
+            lambda: host_dataset("validation", shuffle=False, num_epochs=1, pad_final_batch=True)
+        )
 
         def evaluate(params) -> dict[str, float]:
-            shapes = {name: tuple(spec.shape) for name, spec in validation_dataset.element_spec.items()}
-            batches = itertools.islice(validation_dataset.as_numpy_iterator(), eval_batches)
+            dataset = validation_dataset()
+            shapes = {name: tuple(spec.shape) for name, spec in dataset.element_spec.items()}
+            batches = itertools.islice(dataset.as_numpy_iterator(), eval_batches)
             total = None
             for batch in multihost.batches_in_lockstep(batches, shapes):
                 stats = trainer.eval_stats(params, partitioning.global_batch(batch, mesh))
@@ -269,11 +272,14 @@ def train(
         with train_batches, multihost.stop_on_sigterm() as stop_after, tqdm(
             total=num_steps, initial=start, disable=not (show_progress and primary), unit="step", dynamic_ncols=True
         ) as bar:
+            if start < num_steps:  # compiled while the prefetcher reads the first batches
+                trainer.compile_train_step(spec.abstract_batch(trainer.batch_sharding), dropout_rng)
+                startup.mark("train step compiled")
             for step in range(start, num_steps):
                 batch = next(train_batches)
                 if tokens_per_step is None:  # global arrays: their size counts every host's rows
                     tokens_per_step = sum(batch[name].size for name in trainer.api.family.init_fields)
-                    startup.mark("train data")
+                    startup.mark("first batch")
                 state, metrics = trainer.train_step(state, batch, dropout_rng)
                 done = step + 1
                 nonfinite.add(done, metrics)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import seqio
-import tensorflow as tf
 
 from ptmjax.data import pipeline
 
@@ -15,20 +12,14 @@ RUN_SPLITS = {
 }
 
 
-def check_run_splits(
-    mixture_or_task_name: str,
-    make_validation: Callable[[], tf.data.Dataset],
-) -> tf.data.Dataset:
+def check_run_splits(mixture_or_task_name: str) -> None:
     """Raises a ValueError naming the split and the fix when one of RUN_SPLITS is missing or yields nothing.
 
     Each split, in order, is checked on the first raw example of its source (a mixture's: of any
     of its tasks with that split), over the whole split (not this host's shard: evaluation pads a
     host whose shard ran out). No preprocessor runs, so the check traces none of their map
-    functions: the run's pipelines trace them once, when they are built. Returns the run's
-    validation dataset, built by `make_validation` (its converter's errors surface here, before
-    anything is written) and not read: unshuffled, it reads the same batches at every evaluation,
-    so the run builds it once. The run builds its train dataset itself: a seeded shuffle whose
-    order starts with its first iteration.
+    functions: the run's pipelines trace them once, when they are built (the train pipeline
+    before the first step, the validation pipeline at the first evaluation).
     """
     provider = pipeline.get_task_or_mixture(mixture_or_task_name)
     for split, use in RUN_SPLITS.items():
@@ -42,7 +33,6 @@ def check_run_splits(
                 f"the {split!r} split of {mixture_or_task_name!r} yields no examples, and the run {use}; "
                 "add data to it (are its files empty?)"
             )
-    return make_validation()
 
 
 def _tasks_with(provider: seqio.Task | seqio.Mixture, split: str) -> list[seqio.Task]:

@@ -116,5 +116,5 @@ def test_the_validation_check_reads_the_whole_split_not_this_hosts_shard(tmp_pat
         return pipeline.get_dataset(task.name, "validation", lengths, 4, seed=0, shuffle=False, num_epochs=1,
                                     shard_index=1, num_shards=2, pad_final_batch=True)  # fmt: skip
 
-    validation = check_run_splits(task.name, second_hosts_shard)
-    assert list(validation.as_numpy_iterator()) == []  # that shard is empty, and the check let the run go on
+    check_run_splits(task.name)  # passes: the split has an example
+    assert list(second_hosts_shard().as_numpy_iterator()) == []  # though not in that host's shard

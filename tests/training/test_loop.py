@@ -103,6 +103,38 @@ def test_text_files_task_from_gin_alone(tmp_path):
         assert "ptmjax_text_files_span_corruption" in f.read()
 
 
+def test_the_train_step_is_traced_and_lowered_once_ahead_of_the_first_batch(tmp_path, monkeypatch):
+    """The loop compiles its step for the run's abstract batch while the prefetcher reads the first batches; the
+    first step, on the real batch, finds that program in JAX's caches instead of tracing it again."""
+    from jax import monitoring
+
+    events = []
+
+    class Recorded(Trainer):
+        def compile_train_step(self, *args):
+            events.append("compile_train_step")
+            return super().compile_train_step(*args)
+
+        def train_step(self, *args):
+            events.append("train_step")
+            return super().train_step(*args)
+
+    def listen(event, duration, fun_name=None, **kwargs):
+        if fun_name in ("train_step", "jit(train_step)"):  # tracing names the function, lowering its module
+            events.append(event.rsplit("/", 1)[-1])
+
+    monkeypatch.setattr(run_spec, "Trainer", Recorded)
+    monitoring.register_event_duration_secs_listener(listen)
+    try:
+        run(tmp_path, num_steps=2)
+    finally:
+        monitoring.unregister_event_duration_listener(listen)
+    first_step = events.index("train_step")
+    assert events[0] == "compile_train_step"
+    assert {"jaxpr_trace_duration", "jaxpr_to_mlir_module_duration"} <= set(events[1:first_step]), events
+    assert events[first_step:] == ["train_step", "train_step"]  # the steps traced, lowered and compiled nothing
+
+
 def test_step_times_leave_out_the_first_step_and_tensorboard_has_train_and_eval_runs(tmp_path, monkeypatch):
     """A fake clock: the first step (the compile) takes 100 s, later ones 1 s; evaluation no time."""
     clock = types.SimpleNamespace(now=0.0)

@@ -1,5 +1,7 @@
-"""Start-up: the compilation cache a run uses, the start-up line, and what training imports."""
+"""Start-up: the compilation cache a run uses, the batch its train step is compiled for ahead of the data, the
+start-up line, and what training imports."""
 
+import glob
 import json
 import os
 import subprocess
@@ -116,6 +118,36 @@ def test_the_model_and_its_train_step_need_neither_tensorflow_nor_seqio():
     them. The step in a process where importing either fails gives the loss of one that has them, to the bit."""
     loss = tiny_step_loss('import sys; sys.modules["tensorflow"] = sys.modules["seqio"] = None  # imports fail\n')
     assert loss and loss == tiny_step_loss("import seqio\n")
+
+
+DEMOS = sorted(os.path.relpath(path, os.path.join(REPO, "gin_configs"))
+               for path in glob.glob(os.path.join(REPO, "gin_configs", "runs", "*demo.gin")))  # fmt: skip
+
+
+@pytest.mark.parametrize("run_file", DEMOS)
+def test_the_abstract_batch_is_the_pipelines_first_batch_on_the_devices(run_file):
+    """What the loop compiles the train step for before reading data (and `ptmjax compile` compiles for): each
+    demo's first train batch, as the prefetcher puts it on the mesh, has its fields, shapes, dtypes and shardings."""
+    import gin
+
+    from ptmjax import gin_files, partitioning
+    from ptmjax.training import loop
+
+    gin_files.parse_gin([run_file], ["train.batch_size = 8"])
+    try:
+        spec = loop.run_spec_from_gin()
+        mesh = partitioning.make_mesh(spec.mesh_config)
+        trainer = spec.trainer(mesh)
+        dataset = loop.run_dataset(gin.query_parameter("train.mixture_or_task_name"), "train",
+                                   spec.task_feature_lengths, spec.batch_size, trainer.api.family.feature_converter,
+                                   seed=0, pack=spec.pack, shuffle=True)  # fmt: skip
+        batch = partitioning.global_batch(next(dataset.as_numpy_iterator()), mesh)
+        abstract = spec.abstract_batch(trainer.batch_sharding)
+    finally:
+        gin.clear_config()
+    assert {k: (v.shape, v.dtype, v.sharding) for k, v in abstract.items()} == {
+        k: (v.shape, v.dtype, v.sharding) for k, v in batch.items()
+    }
 
 
 def test_a_cache_jax_already_has_wins_and_none_adds_none(monkeypatch, tmp_path):
