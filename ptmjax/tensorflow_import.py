@@ -57,8 +57,8 @@ def install() -> None:
 
 
 def hold_back(packages: tuple[str, ...]) -> None:
-    """Makes `packages` (top-level names) unimportable while the first `import tensorflow` runs, those not
-    imported before it (a no-op once TensorFlow is imported)."""
+    """Makes those of `packages` (top-level names) not imported yet unimportable while the first
+    `import tensorflow` runs (a no-op once TensorFlow is imported)."""
     _finder().held_back.update(packages)
 
 
@@ -98,7 +98,7 @@ def filtered_stderr():
 
 
 @contextlib.contextmanager
-def held_back(packages: set[str]):
+def _holding_back(packages: set[str]):
     """Makes `packages` not yet imported raise ModuleNotFoundError when imported, meanwhile."""
     blocker = _HoldBack({name for name in packages if name not in sys.modules})
     sys.meta_path.insert(0, blocker)
@@ -120,7 +120,7 @@ class _HoldBack(importlib.abc.MetaPathFinder):
 
 
 class _TensorFlowFinder(importlib.abc.MetaPathFinder):
-    """Finds `tensorflow` once, with a loader that imports it quietly and with `held_back` packages, as asked."""
+    """Finds `tensorflow` once, with a loader that imports it quietly and holding packages back, as asked."""
 
     def __init__(self):
         self.quiet, self.held_back = False, set()
@@ -143,5 +143,5 @@ class _TensorFlowLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
-        with filtered_stderr() if self._quiet else contextlib.nullcontext(), held_back(self._packages):
+        with filtered_stderr() if self._quiet else contextlib.nullcontext(), _holding_back(self._packages):
             self._loader.exec_module(module)
