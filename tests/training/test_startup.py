@@ -150,6 +150,32 @@ def test_the_abstract_batch_is_the_pipelines_first_batch_on_the_devices(run_file
     }
 
 
+@pytest.mark.parametrize("run_file", ["runs/demo.gin", "runs/gpt2_demo.gin", "runs/bert_demo.gin"])
+def test_initialisation_compiled_at_o1_on_the_cpu_gives_the_default_levels_bits(run_file, monkeypatch):
+    """The train state's initialisation compiles at LLVM -O1 on the CPU (it runs once); its values must be the
+    bits the default optimisation level gives."""
+    import gin
+    import numpy as np
+
+    from ptmjax import gin_files, partitioning
+    from ptmjax.training import loop
+    from ptmjax.training.trainer import Trainer
+
+    gin_files.parse_gin([run_file])
+    try:
+        spec = loop.run_spec_from_gin()
+    finally:
+        gin.clear_config()
+    trainer = spec.trainer(partitioning.make_mesh(spec.mesh_config))
+    assert trainer._run_once_options == {"xla_backend_optimization_level": 1}
+    fast = jax.device_get(trainer.init_state(jax.random.key(3)))
+    monkeypatch.setattr(Trainer, "_run_once_options", property(lambda self: {}))
+    default = jax.device_get(trainer.init_state(jax.random.key(3)))
+    assert jax.tree.structure(fast) == jax.tree.structure(default)
+    for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(default), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_cache_jax_already_has_wins_and_none_adds_none(monkeypatch, tmp_path):
     assert jax.config.jax_compilation_cache_dir  # tests/conftest.py sets one
     assert compilation_cache.use_compilation_cache(str(tmp_path)) == jax.config.jax_compilation_cache_dir
