@@ -151,6 +151,7 @@ def corrupt_with_mask(tokens: tf.Tensor, noise_mask: tf.Tensor, vocab_size: int)
 
 
 @seqio.map_over_dataset(num_seeds=2)
+@tf.autograph.experimental.do_not_convert  # straight-line TensorFlow: AutoGraph would only cost start-up time
 def _corrupt_spans(
     features: Mapping[str, tf.Tensor],
     seeds: Sequence[tf.Tensor],
