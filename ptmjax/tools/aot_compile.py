@@ -228,7 +228,7 @@ def compile_train_step(spec: RunSpec, topology: Topology) -> CompiledStep:
     """Lowers and compiles the Trainer's train step for `topology`; nothing is allocated."""
     mesh = partitioning.make_mesh(spec.mesh_config, topology.devices)
     trainer = spec.trainer(mesh)
-    state = jax.tree.map(_with_sharding, trainer.abstract_state, trainer.state_shardings)
+    state = trainer.sharded_abstract_state
     batch = spec.abstract_batch(trainer.batch_sharding)
     rng = _with_sharding(jax.eval_shape(jax.random.key, 0), trainer.replicated)
 

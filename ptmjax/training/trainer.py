@@ -130,14 +130,18 @@ class Trainer:
         with jax.set_mesh(self.mesh):
             return self._train_step.lower(state, batch, rng)
 
+    @functools.cached_property
+    def sharded_abstract_state(self) -> TrainState:
+        """The state as ShapeDtypeStructs with its shardings: what `lower_train_step` takes in place of arrays."""
+        return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                            self.abstract_state, self.state_shardings)  # fmt: skip
+
     def compile_train_step(self, batch: Mapping[str, jax.ShapeDtypeStruct], rng: jax.Array) -> None:
         """Compiles the train step (or loads it from JAX's persistent compilation cache) for the state and
         batches of `batch`'s shapes, dtypes and shardings (e.g. `RunSpec.abstract_batch`) without running it.
         A first `train_step` on such a batch then finds it in JAX's in-memory caches; on any other batch it
         compiles its own program, as it would have anyway."""
-        state = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-                             self.abstract_state, self.state_shardings)  # fmt: skip
-        self.lower_train_step(state, batch, rng).compile()
+        self.lower_train_step(self.sharded_abstract_state, batch, rng).compile()
 
     def eval_stats(self, params: Any, batch: steps.Batch) -> model_losses.Stats:
         """Summed statistics of one global batch."""
