@@ -40,6 +40,7 @@ import seqio
 import tensorflow as tf
 
 from ptmjax.data import corpus, document_pieces, text_files, vocabularies
+from ptmjax.data.without_autograph import without_autograph
 from ptmjax.objectives import language_modeling, masked_lm, permuted_lm, sentence_pairs, span_corruption
 
 STDLIB_TASK = "ptmjax_stdlib_span_corruption"
@@ -63,13 +64,15 @@ def output_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
 
 
 def objective_preprocessors(objective: Callable, text_key: str = "text", append_eos: bool = True) -> list[Callable]:
-    """Text feature `text_key` -> tokenize -> cache point -> `objective` (-> EOS when `append_eos`)."""
+    """Text feature `text_key` -> tokenize -> cache point -> `objective` (-> EOS when `append_eos`).
+
+    All but the cache point build their map functions without AutoGraph (`without_autograph`)."""
     return [
-        functools.partial(seqio.preprocessors.rekey, key_map={"targets": text_key}),
-        functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False),
+        without_autograph(functools.partial(seqio.preprocessors.rekey, key_map={"targets": text_key})),
+        without_autograph(functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False)),
         seqio.CacheDatasetPlaceholder(),
-        objective,
-        *([seqio.preprocessors.append_eos_after_trim] if append_eos else []),
+        without_autograph(objective),
+        *([without_autograph(seqio.preprocessors.append_eos_after_trim)] if append_eos else []),
     ]
 
 
