@@ -27,6 +27,7 @@ import seqio
 import tensorflow as tf
 
 from ptmjax.data import corpus, downstream_tasks, vocabularies
+from ptmjax.data.without_autograph import without_autograph
 from ptmjax.evaluation import metrics
 
 MODULE_HEAD_TASK = "ptmjax_stdlib_module_classification_head"
@@ -71,7 +72,8 @@ def register_module_head_task(vocabulary: seqio.Vocabulary | None = None) -> seq
     return seqio.TaskRegistry.add(
         MODULE_HEAD_TASK, source=seqio.FunctionDataSource(module_head_dataset_fn, splits=corpus.SPLITS),
         output_features={"inputs": seqio.Feature(vocabulary, add_eos=True)},
-        preprocessors=[seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
+        preprocessors=[without_autograph(seqio.preprocessors.tokenize),
+                       without_autograph(seqio.preprocessors.append_eos_after_trim)],
         metric_fns=[metrics.accuracy], postprocess_fn=label_postprocessor,
     )  # fmt: skip
 

@@ -2,13 +2,18 @@
 
 tf.data converts every function given to `map`, `filter` or `flat_map` with
 AutoGraph, which parses and rewrites its Python source: 20-300 ms a function,
-paid again by every process (about 2 s of the demo's pipeline build). Code
-with no Python control flow over tensors does not need it, and code that
-needs it fails loudly without it (TensorFlow raises on a tensor used as a
-Python bool or iterated over in a graph), so nothing changes silently.
-`without_autograph(preprocessor)` runs `preprocessor` in AutoGraph's disabled
-context (`tf.autograph.experimental.do_not_convert`): each map function it
-builds is traced as written, seqio's own (tokenize, rekey, ...) included.
+paid again by every process. Code with no Python control flow over tensors
+does not need it, and code that needs it fails loudly without it (TensorFlow
+raises on a tensor used as a Python bool or iterated over in a graph), so
+nothing changes silently. `without_autograph(preprocessor)` runs
+`preprocessor` in AutoGraph's disabled context
+(`tf.autograph.experimental.do_not_convert`): each map function it builds is
+traced as written, seqio's own (rekey, tokenize, append_eos_after_trim)
+included. ptmjax's registered tasks use it for every preprocessor
+(`tasks.objective_preprocessors`, the benchmark tasks' text preprocessors,
+the classification-head task); it took the demo's train pipeline build from
+3.05 s to 1.78 s. The feature converters keep AutoGraph: seqio's packing
+loops over a tensor in Python.
 """
 
 from __future__ import annotations

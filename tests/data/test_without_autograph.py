@@ -9,7 +9,9 @@ import pytest
 import seqio
 import tensorflow as tf
 
-import ptmjax.data.objective_tasks  # noqa: F401 - registers the text-to-text objective tasks
+import ptmjax.data.classification_head_task  # noqa: F401 - registers the tasks compared below
+import ptmjax.data.objective_tasks  # noqa: F401
+import ptmjax.data.summary_tasks  # noqa: F401
 from ptmjax.data.without_autograph import without_autograph
 
 LENGTHS = {"inputs": 64, "targets": 64}
@@ -23,8 +25,8 @@ def with_autograph(preprocessor):
     return preprocessor.__wrapped__ if getattr(preprocessor, "__code__", None) is _NOT_CONVERTED else preprocessor
 
 
-def pretraining_tasks() -> list[str]:
-    """The registered ptmjax tasks over the embedded corpus whose preprocessors skip AutoGraph."""
+def tasks_without_autograph() -> list[str]:
+    """The registered ptmjax tasks over data made here (FunctionDataSource) with preprocessors that skip AutoGraph."""
     names = []
     for name in sorted(seqio.TaskRegistry.names()):
         task = seqio.TaskRegistry.get(name)
@@ -40,14 +42,14 @@ def examples(task: seqio.Task, n: int = 4) -> list[dict[str, np.ndarray]]:
 
 
 def test_every_pretraining_objective_is_registered_without_autograph():
-    names = pretraining_tasks()
+    names = tasks_without_autograph()
     for expected in ("ptmjax_stdlib_span_corruption", "ptmjax_stdlib_causal_lm", "ptmjax_stdlib_mlm",
                      "ptmjax_stdlib_mlm_nsp", "ptmjax_stdlib_permuted_lm", "ptmjax_stdlib_ul2",
                      "ptmjax_stdlib_bart_denoising", "ptmjax_stdlib_bert_style"):  # fmt: skip
         assert expected in names
 
 
-@pytest.mark.parametrize("name", pretraining_tasks())
+@pytest.mark.parametrize("name", tasks_without_autograph())
 def test_the_examples_equal_those_built_with_autograph(name):
     task = seqio.TaskRegistry.get(name)
     reference = seqio.Task(

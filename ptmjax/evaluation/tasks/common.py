@@ -9,10 +9,11 @@ import seqio
 import tensorflow as tf
 
 from ptmjax.data import tasks
+from ptmjax.data.without_autograph import without_autograph
 
 DEFAULT_PREFIX = "ptmjax_"
-TEXT_PREPROCESSORS = (seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
-                      seqio.preprocessors.append_eos_after_trim)  # fmt: skip
+TEXT_PREPROCESSORS = (without_autograph(seqio.preprocessors.tokenize), seqio.CacheDatasetPlaceholder(),
+                      without_autograph(seqio.preprocessors.append_eos_after_trim))  # fmt: skip
 
 
 def register_task(
