@@ -2,7 +2,7 @@
 own process.
 
     python benchmarks/xla_cpu_flags.py [--model t5|gpt2] [--steps 5] [--rounds 1] [--batch 8] [--inputs 512]
-        [--targets 114]
+        [--targets 114] [--sets 'defaults,oneDNN dot fusions']
 
 XLA reads XLA_FLAGS once, when JAX starts, so every flag set runs in a fresh
 process (this script with --child), and the rounds go through the sets in
@@ -51,17 +51,24 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=114)
+    parser.add_argument("--sets", default=",".join(FLAG_SETS),
+                        help="comma-separated flag set names to run ('defaults' always runs)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args)
+    chosen = {"defaults", *(name.strip() for name in args.sets.split(",") if name.strip())}
+    unknown = sorted(chosen - FLAG_SETS.keys())
+    if unknown:
+        parser.error(f"--sets: unknown flag set(s) {', '.join(map(repr, unknown))}; choose from {', '.join(FLAG_SETS)}")
+    flag_sets = {name: flags for name, flags in FLAG_SETS.items() if name in chosen}
 
     sizes = ["--model", args.model, "--steps", str(args.steps), "--batch", str(args.batch),
              "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
-    times: dict[str, list[float]] = {name: [] for name in FLAG_SETS}
+    times: dict[str, list[float]] = {name: [] for name in flag_sets}
     losses: dict[str, float] = {}
     for _ in range(args.rounds):
-        for name, flags in FLAG_SETS.items():
+        for name, flags in flag_sets.items():
             env = {**os.environ, "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "3"}
             out = subprocess.run([sys.executable, __file__, "--child", *sizes], env=env, capture_output=True,
                                  text=True, check=True)  # fmt: skip
@@ -74,7 +81,7 @@ def main() -> None:
     print(f"{args.model} training step, batch {args.batch}, inputs {args.inputs}, targets (T5) {args.targets}, "
           f"{os.cpu_count()} CPU cores; {args.rounds} round(s) of {args.steps} steps per flag set\n")
     print(f"{'XLA flags':<30}{'step s (median)':>16}{'tokens/s':>10}{'vs defaults':>13}{'loss after':>12}  XLA_FLAGS")
-    for name, flags in FLAG_SETS.items():
+    for name, flags in flag_sets.items():
         median = statistics.median(times[name])
         print(f"{name:<30}{median:>16.3f}{tokens / median:>10.0f}{base / median:>12.2f}x{losses[name]:>12.5f}  {flags}")
 
