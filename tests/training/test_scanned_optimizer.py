@@ -85,7 +85,8 @@ def test_scanned_layers_train_like_plain_layers(optimizer):
     assert moved > 1e-4, "the parameters barely moved; the comparison would prove nothing"
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got, want)
     assert jax.tree.structure(scanned.opt_state) == jax.tree.structure(plain.opt_state)
-    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-9),
+    # Second moments square the gradients, doubling their relative error (2e-5 seen on a 2-core Intel Xeon).
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=5e-5, atol=1e-9),
                  jax.device_get(scanned.opt_state), jax.device_get(plain.opt_state))
     assert_laid_out_by_rules(trainer, scanned)
     if optimizer is adafactor:  # the 12 MLP kernels' (49% of the parameters) second moments are factored
