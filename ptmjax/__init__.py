@@ -18,8 +18,8 @@ if _CPU_SCHEDULER_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_CPU_SCHEDULER_FLAG}=true".strip()
 
 
-host_malloc.install()  # before JAX or TensorFlow start threads
-tensorflow_import.install()
+tensorflow_import.install()  # before JAX: imported first, it let TensorFlow's start-up lines through
+host_malloc.install()  # before JAX creates its CPU client
 
 
 def __getattr__(name: str) -> Any:

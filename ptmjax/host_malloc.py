@@ -2,21 +2,29 @@
 
 XLA:CPU allocates each execution's buffers (gigabytes for a training step)
 with malloc and frees them when it ends. glibc serves large requests with
-fresh `mmap`s and unmaps them at `free`, and its per-thread arenas return
-freed memory too, so every step page-faults its whole working set again:
-2.1 of the 7.0 s of a T5-small training step on a 2-core CPU were kernel
-time. `install()` asks glibc, through `mallopt`, for one arena (the main
-heap), no `mmap`s, and no trimming: freed memory stays in the process and the
-next step reuses it (kernel time per step 0.05 s, `docs/performance.md`). The
-cost: the process keeps its peak heap instead of returning it to the system
-between steps.
+fresh `mmap`s and unmaps them at `free`, so every step page-faults its whole
+working set again: 2.1 of the 7.0 s of a T5-small training step on a 2-core
+CPU were kernel time. `install()` asks glibc, through `mallopt`, for no
+`mmap`s and no trimming, so freed memory stays in the process and the next
+step reuses it (kernel time per step 0.05 s, `docs/performance.md`).
 
-It must run before JAX or TensorFlow start their threads (the arena limit
-binds threads when they first allocate), so `import ptmjax` calls it. It does
-nothing off glibc, or where an accelerator plugin (libtpu, a CUDA or ROCm
-plugin) is installed and `JAX_PLATFORMS` does not pick the CPU: there host
-memory holds only the input pipeline, whose threads are better served by
+That holds only in the main arena, the heap: glibc gives each thread an arena
+of its own, and another thread's cannot hold a block above 64 MiB without
+mapping it (and unmapping it at `free`). So `install()` also turns JAX's
+asynchronous CPU dispatch off (unless `JAX_CPU_ENABLE_ASYNC_DISPATCH` says
+otherwise): a single-device program then runs on the thread that calls it
+(in `ptmjax train`, the main one), and the demo step's 229 MiB of buffers
+come from the heap. The threads keep
+their own arenas: with one arena for all (the setting before), XLA's compiler
+and compute threads queued on its lock, and the demo's cold start took 17.9-22.4
+s against 15.8-17.4 s, its step 146-165 ms against 122-136 ms. The cost: the
+process keeps its peak heap instead of returning it to the system.
+
+It does nothing off glibc, or where an accelerator plugin (libtpu, a CUDA or
+ROCm plugin) is installed and `JAX_PLATFORMS` does not pick the CPU: there
+host memory holds only the input pipeline, whose threads are better served by
 glibc's defaults. `PTMJAX_KEEP_FREED_MEMORY=0` turns it off, `=1` forces it.
+`import ptmjax` calls it, before JAX starts its CPU client where it can.
 """
 
 from __future__ import annotations
@@ -29,8 +37,10 @@ import pkgutil
 import platform
 
 ENVIRONMENT_VARIABLE = "PTMJAX_KEEP_FREED_MEMORY"
+ASYNC_DISPATCH_VARIABLE = "JAX_CPU_ENABLE_ASYNC_DISPATCH"
+_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 # mallopt parameters, from glibc's malloc.h
-M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 
 
 def install() -> bool:
@@ -43,8 +53,23 @@ def install() -> bool:
     if choice == "auto" and not _computes_on_cpu():
         return False
     mallopt = ctypes.CDLL(None).mallopt
-    settings = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))  # a size_t: -1 is its largest, never trim
-    return all(mallopt(param, value) == 1 for param, value in settings)
+    settings = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))  # a size_t: -1 is its largest, never trim
+    if not all(mallopt(param, value) == 1 for param, value in settings):
+        return False
+    _set_async_dispatch()
+    return True
+
+
+def _set_async_dispatch() -> None:
+    """Sets JAX's asynchronous CPU dispatch as `JAX_CPU_ENABLE_ASYNC_DISPATCH` says, off where it is unset. JAX
+    reads it from its config (not the environment) when it creates its CPU client: once a computation has run,
+    this comes too late and changes nothing."""
+    choice = os.environ.get(ASYNC_DISPATCH_VARIABLE, "false").strip().lower()
+    if choice not in _BOOLEANS:
+        raise ValueError(f"{ASYNC_DISPATCH_VARIABLE}={choice!r}: use true or false (unset: false with ptmjax on CPU)")
+    import jax
+
+    jax.config.update("jax_cpu_enable_async_dispatch", _BOOLEANS[choice])
 
 
 def _computes_on_cpu() -> bool:
