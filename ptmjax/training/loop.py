@@ -217,6 +217,10 @@ def train(
         start = int(state.step)
         log.truncate_after(start)
         startup.mark("restored state" if start else "initial state")
+        dropout_rng = jax.random.key(seed + 1)
+        # XLA compiles the step (or reads it from the compilation cache) while this thread builds the pipelines.
+        compiling = (trainer.start_compiling_train_step(spec.abstract_batch(trainer.batch_sharding), dropout_rng)
+                     if start < num_steps else None)  # fmt: skip
 
         def host_dataset(split: str, **kwargs):
             return run_dataset(mixture_or_task_name, split, task_feature_lengths, batch_size,
@@ -264,7 +268,6 @@ def train(
                 raise ValueError(f"the validation split of {mixture_or_task_name!r} is empty; add validation data")
             return {f"eval_{k}": float(v) for k, v in jax.device_get(total.metrics()).items()}
 
-        dropout_rng = jax.random.key(seed + 1)
         nonfinite = NonFiniteMonitor(nonfinite_policy or NonFinitePolicy())
         tokens_per_step = None  # the model's input tokens per global batch, read off the first batch
         train_loss, eval_metrics, task_metrics, preempted = None, {}, {}, False
@@ -272,8 +275,8 @@ def train(
         with train_batches, multihost.stop_on_sigterm() as stop_after, tqdm(
             total=num_steps, initial=start, disable=not (show_progress and primary), unit="step", dynamic_ncols=True
         ) as bar:
-            if start < num_steps:  # compiled while the prefetcher reads the first batches
-                trainer.compile_train_step(spec.abstract_batch(trainer.batch_sharding), dropout_rng)
+            if compiling is not None:
+                compiling.result()  # raises the compile's error, if any
                 startup.mark("train step compiled")
             for step in range(start, num_steps):
                 batch = next(train_batches)

