@@ -14,11 +14,11 @@ mapping it (and unmapping it at `free`). So `install()` also turns JAX's
 asynchronous CPU dispatch off (unless `JAX_CPU_ENABLE_ASYNC_DISPATCH` says
 otherwise): a single-device program then runs on the thread that calls it
 (in `ptmjax train`, the main one), and the demo step's 229 MiB of buffers
-come from the heap. The threads keep
-their own arenas: with one arena for all (the setting before), XLA's compiler
-and compute threads queued on its lock, and the demo's cold start took 17.9-22.4
-s against 15.8-17.5 s, its step 146-165 ms against 122-136 ms. The cost: the
-process keeps its peak heap instead of returning it to the system.
+come from the heap. The threads keep their own arenas: with one arena for all
+(the setting before), XLA's compiler and compute threads queued on its lock,
+and the demo's cold start took 17.9-22.4 s against 15.8-17.5 s, its step
+146-165 ms against 122-136 ms. The cost: the process keeps its peak heap
+instead of returning it to the system.
 
 It does nothing off glibc, or where an accelerator plugin (libtpu, a CUDA or
 ROCm plugin) is installed and `JAX_PLATFORMS` does not pick the CPU: there
