@@ -30,6 +30,9 @@ FLAG_SETS = {
     "XNNPACK greedy graph fusion": "--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY",
     "YNNPACK off": "--xla_cpu_experimental_ynn_fusion_type=",
     "sequential scheduler": "--xla_cpu_enable_concurrency_optimized_scheduler=false",  # ptmjax sets it true
+    "512-bit vectors": "--xla_cpu_prefer_vector_width=512",
+    "fast-runtime preset": "--xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_RUNTIME",
+    "tiling propagation": "--xla_cpu_experimental_enable_tiling_propagation=true",
 }
 
 
