@@ -190,6 +190,12 @@ def train(
     startup.mark("model and checks")
     os.makedirs(folder.path, exist_ok=True)
     checkpointer = folder.checkpointer(max_to_keep=keep_checkpoints)
+    dropout_rng = jax.random.key(seed + 1)
+    # XLA compiles the step (or reads it from the compilation cache) while this thread restores or initialises
+    # the state and builds the pipelines; not for a run whose newest checkpoint already ends it.
+    latest = checkpointer.latest_step()
+    compiling = (trainer.start_compiling_train_step(spec.abstract_batch(trainer.batch_sharding), dropout_rng)
+                 if latest is None or latest < num_steps else None)  # fmt: skip
     with contextlib.closing(checkpointer):  # closed on every way out, a failed restore included
         primary = multihost.is_primary()
         log = MetricsLog(model_dir, read_only=not primary)
@@ -217,10 +223,6 @@ def train(
         start = int(state.step)
         log.truncate_after(start)
         startup.mark("restored state" if start else "initial state")
-        dropout_rng = jax.random.key(seed + 1)
-        # XLA compiles the step (or reads it from the compilation cache) while this thread builds the pipelines.
-        compiling = (trainer.start_compiling_train_step(spec.abstract_batch(trainer.batch_sharding), dropout_rng)
-                     if start < num_steps else None)  # fmt: skip
 
         def host_dataset(split: str, **kwargs):
             return run_dataset(mixture_or_task_name, split, task_feature_lengths, batch_size,

@@ -148,8 +148,8 @@ class Trainer:
         self, batch: Mapping[str, jax.ShapeDtypeStruct], rng: jax.Array
     ) -> concurrent.futures.Future[None]:
         """`compile_train_step` in a thread of its own, so that the caller's thread goes on meanwhile (on a
-        2-core CPU, building the demo's input pipeline beside the compile takes 2 s off a cold start); the
-        future's `result()` waits for it and raises its error."""
+        2-core CPU, initialising the demo's state and building its input pipeline beside the compile takes
+        2 to 3 s off a cold start); the future's `result()` waits for it and raises its error."""
         compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ptmjax-compile")
         compiled = compiler.submit(self.compile_train_step, batch, rng)
         compiler.shutdown(wait=False)  # its thread ends with the compile

@@ -105,13 +105,22 @@ def test_text_files_task_from_gin_alone(tmp_path):
 
 
 def test_the_train_step_is_traced_and_lowered_once_ahead_of_the_first_batch(tmp_path, monkeypatch):
-    """The loop compiles its step for the run's abstract batch in a thread of its own while it builds the pipelines;
-    the first step, on the real batch, finds that program in JAX's caches instead of tracing it again."""
+    """The loop compiles its step for the run's abstract batch in a thread of its own while it initialises the
+    state and builds the pipelines; the first step, on the real batch, finds that program in JAX's caches
+    instead of tracing it again."""
     from jax import monitoring
 
-    events, compiling_threads = [], []
+    events, compiling_threads, started = [], [], []
 
     class Recorded(Trainer):
+        def start_compiling_train_step(self, *args):
+            started.append("start_compiling_train_step")
+            return super().start_compiling_train_step(*args)
+
+        def init_state(self, *args):
+            started.append("init_state")
+            return super().init_state(*args)
+
         def compile_train_step(self, *args):
             events.append("compile_train_step")
             compiling_threads.append(threading.current_thread())
@@ -136,6 +145,7 @@ def test_the_train_step_is_traced_and_lowered_once_ahead_of_the_first_batch(tmp_
     assert {"jaxpr_trace_duration", "jaxpr_to_mlir_module_duration"} <= set(events[1:first_step]), events
     assert events[first_step:] == ["train_step", "train_step"]  # the steps traced, lowered and compiled nothing
     assert compiling_threads[0] is not threading.main_thread()
+    assert started == ["start_compiling_train_step", "init_state"]
 
 
 def test_an_error_in_the_background_compile_is_the_runs_error(tmp_path, monkeypatch):
@@ -147,6 +157,20 @@ def test_an_error_in_the_background_compile_is_the_runs_error(tmp_path, monkeypa
     with pytest.raises(RuntimeError, match="XLA ran out of memory compiling the step"):
         run(tmp_path, num_steps=2)
     assert not os.path.isdir(tmp_path / "checkpoints") or not os.listdir(tmp_path / "checkpoints")
+
+
+def test_a_run_whose_newest_checkpoint_already_ends_it_compiles_no_step(tmp_path, monkeypatch):
+    run(tmp_path, num_steps=2)
+    started = []
+
+    class Recorded(Trainer):
+        def start_compiling_train_step(self, *args):
+            started.append(args)
+            return super().start_compiling_train_step(*args)
+
+    monkeypatch.setattr(run_spec, "Trainer", Recorded)
+    assert run(tmp_path, num_steps=2).step == 2
+    assert started == []
 
 
 def test_step_times_leave_out_the_first_step_and_tensorboard_has_train_and_eval_runs(tmp_path, monkeypatch):
