@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.layers import mixed_precision
-from ptmjax.layers.common import DType
+from ptmjax.layers.common import DType, target_platform
 
 Array = jax.Array
 Initializer = nn.initializers.Initializer
@@ -87,6 +87,40 @@ class Embed(nn.Module):
         return lookup(self.embedding, tokens, self.dtype)
 
     def attend(self, query: Array) -> Array:
-        """query [..., embed] -> logits [..., vocab] = query @ embedding.T."""
+        """query [..., embed] -> logits [..., vocab] = query @ embedding.T (`tied_logits`)."""
         query, embedding = jnp.asarray(query, self.dtype), jnp.asarray(self.embedding, self.dtype)
+        return tied_logits(query, embedding)
+
+
+def tied_logits(query: Array, embedding: Array) -> Array:
+    """query [..., embed] @ embedding [vocab, embed].T -> logits [..., vocab], as `mixed_precision.einsum`.
+
+    In float32 on the CPU the table's gradient is computed as [embed, vocab] and transposed after, which
+    moves the table's size; XLA:CPU otherwise transposes the logits' gradient [..., vocab] to feed its
+    product, as many times larger as there are positions (GPT-2 small at 8 x 512: 0.8 GB, about 1 s of
+    its 18 s step on a 2-core CPU). Other platforms' products take either layout as it is, and bfloat16
+    keeps `mixed_precision.einsum`'s float32-accumulating products.
+    """
+    if target_platform() != "cpu" or jnp.result_type(query, embedding) != jnp.float32:
         return mixed_precision.einsum("...e,ve->...v", query, embedding)
+    return _float32_tied_logits(query, embedding)
+
+
+@jax.custom_vjp
+def _float32_tied_logits(query: Array, embedding: Array) -> Array:
+    return jnp.einsum("...e,ve->...v", query, embedding)
+
+
+def _tied_logits_forward(query: Array, embedding: Array) -> tuple[Array, tuple[Array, Array]]:
+    return _float32_tied_logits(query, embedding), (query, embedding)
+
+
+def _tied_logits_backward(residuals: tuple[Array, Array], cotangent: Array) -> tuple[Array, Array]:
+    query, embedding = residuals
+    d_query = jnp.einsum("...v,ve->...e", cotangent, embedding)
+    # The barrier keeps XLA from folding the transpose back into the product.
+    d_embedding = jax.lax.optimization_barrier(jnp.einsum("...e,...v->ev", query, cotangent))
+    return d_query, d_embedding.T
+
+
+_float32_tied_logits.defvjp(_tied_logits_forward, _tied_logits_backward)
