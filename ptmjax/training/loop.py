@@ -190,13 +190,13 @@ def train(
     startup.mark("model and checks")
     os.makedirs(folder.path, exist_ok=True)
     checkpointer = folder.checkpointer(max_to_keep=keep_checkpoints)
-    dropout_rng = jax.random.key(seed + 1)
-    # XLA compiles the step (or reads it from the compilation cache) while this thread restores or initialises
-    # the state and builds the pipelines; not for a run whose newest checkpoint already ends it.
-    latest = checkpointer.latest_step()
-    compiling = (trainer.start_compiling_train_step(spec.abstract_batch(trainer.batch_sharding), dropout_rng)
-                 if latest is None or latest < num_steps else None)  # fmt: skip
     with contextlib.closing(checkpointer):  # closed on every way out, a failed restore included
+        dropout_rng = jax.random.key(seed + 1)
+        # XLA compiles the step (or reads it from the compilation cache) while this thread restores or
+        # initialises the state and builds the pipelines; not for a run whose newest checkpoint already ends it.
+        latest = checkpointer.latest_step()
+        compiling = (trainer.start_compiling_train_step(spec.abstract_batch(trainer.batch_sharding), dropout_rng)
+                     if latest is None or latest < num_steps else None)  # fmt: skip
         primary = multihost.is_primary()
         log = MetricsLog(model_dir, read_only=not primary)
         config_path = folder.config_path
