@@ -207,7 +207,7 @@ def train(
             if init_checkpoint is not None:
                 _keep_import_tokenizer(ModelDir(init_checkpoint), folder, mixture_or_task_name)
 
-        if checkpointer.latest_step() is not None:
+        if latest is not None:
             saved, data_state = restore_newest_intact(checkpointer, part.of(trainer.abstract_state),
                                                       part.of(trainer.state_shardings))  # fmt: skip
             state = part.complete(saved, trainer)
