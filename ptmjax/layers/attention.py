@@ -21,6 +21,7 @@ from ptmjax.layers.attention_mask import AttentionMask, pairwise_mask
 from ptmjax.layers.common import DType, target_platform
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.pallas_attention import tpu_flash_attention
+from ptmjax.layers.softmax import softmax
 
 Array = jax.Array
 
@@ -152,7 +153,7 @@ class MultiHeadAttention(nn.Module):
             bias = mask.dense_bias(self.dtype)
             if bias is not None:
                 logits = logits + jnp.asarray(bias, logits.dtype)
-            weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+            weights = softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
             self.sow("intermediates", "attention_weights", weights)
             weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
             context = mixed_precision.einsum("bhqk,bhkd->bqhd", weights, value)  # [b, q, h, d]
