@@ -23,6 +23,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from ptmjax.layers.batch_broadcast import broadcast_batch
 from ptmjax.layers.common import DType
 
 Array = jax.Array
@@ -98,7 +99,7 @@ class AttentionMask:
         if self.causal:
             mask = causal_mask(mask.shape[-1]) & mask
         folded = mask_to_bias(mask, dtype)
-        return folded if self.bias is None else self.bias + folded
+        return folded if self.bias is None else broadcast_batch(self.bias, folded.shape[0]) + folded
 
     def sequence_lengths(self) -> tuple[Array, Array]:
         """int32 [b] each: the queries' and the keys' lengths up to each row's last nonzero segment id (of an

@@ -26,32 +26,44 @@ def lookup(table: Array, ids: Array, dtype: DType) -> Array:
     return jnp.take(jnp.asarray(table, wide), ids, axis=0).astype(dtype)
 
 
-def small_table_lookup(table: Array, ids: Array, dtype: DType) -> Array:
-    """`lookup` for a small table whose few rows many ids share (T5's 32 relative-position buckets).
+def small_table_lookup(table: Array, ids: Array, dtype: DType, feature_axis: int = -1) -> Array:
+    """`lookup` for a small table whose few rows many ids share (T5's 32 relative-position buckets),
+    with the table's columns placed at `feature_axis` of the result.
 
     The same forward values, but the gradient is a one-hot matmul summed in float32 instead of a
     scatter-add: on a GPU a scatter-add's atomic adds contend for those few rows, and XLA:GPU
     emits compare-and-swap loops for them that slow down by orders of magnitude under contention
     (openxla/xla#26371 for bfloat16; jax-ml/jax#38806 for float32 in jaxlib 0.10.2 to 0.11). The
-    matmul is also deterministic.
+    matmul is also deterministic, and in float32 reads the result's gradient in its own layout, so
+    a caller that wants the columns elsewhere than last (attention's heads) pays no transpose for it.
     """
-    return _small_table_lookup(table, ids, jnp.dtype(dtype))
+    return _small_table_lookup(table, ids, jnp.dtype(dtype), feature_axis % (ids.ndim + 1))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _small_table_lookup(table: Array, ids: Array, dtype: jnp.dtype) -> Array:
-    return lookup(table, ids, dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _small_table_lookup(table: Array, ids: Array, dtype: jnp.dtype, feature_axis: int) -> Array:
+    return jnp.moveaxis(lookup(table, ids, dtype), -1, feature_axis)
 
 
-def _small_table_lookup_forward(table: Array, ids: Array, dtype: jnp.dtype) -> tuple[Array, tuple[Array, Array]]:
-    return lookup(table, ids, dtype), (table, ids)
+def _small_table_lookup_forward(
+    table: Array, ids: Array, dtype: jnp.dtype, feature_axis: int
+) -> tuple[Array, tuple[Array, Array]]:
+    return _small_table_lookup(table, ids, dtype, feature_axis), (table, ids)
 
 
-def _small_table_lookup_backward(dtype: jnp.dtype, residuals: tuple[Array, Array], cotangent: Array) -> tuple:
+def _small_table_lookup_backward(
+    dtype: jnp.dtype, feature_axis: int, residuals: tuple[Array, Array], cotangent: Array
+) -> tuple:
     table, ids = residuals
     one_hot = jax.nn.one_hot(ids, table.shape[0], dtype=cotangent.dtype)  # [..., rows]
     summed = tuple(range(ids.ndim))
-    gradient = jax.lax.dot_general(one_hot, cotangent, ((summed, summed), ((), ())), preferred_element_type=jnp.float32)
+    cotangent_summed = tuple(axis for axis in range(cotangent.ndim) if axis != feature_axis)
+    if cotangent.dtype == jnp.float32:  # [features, rows]: the cotangent read in its own layout
+        gradient = jax.lax.dot_general(cotangent, one_hot, ((cotangent_summed, summed), ((), ()))).T
+    else:  # XLA:CPU has no bfloat16 product with a float32 result for that layout
+        gradient = jax.lax.dot_general(
+            one_hot, cotangent, ((summed, cotangent_summed), ((), ())), preferred_element_type=jnp.float32
+        )
     return gradient.astype(table.dtype), None
 
 

@@ -65,5 +65,4 @@ class RelativePositionBias(nn.Module):
         )
         relative = key_positions[:, None, :] - query_positions[:, :, None]  # [b, q, k]
         buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
-        bias = small_table_lookup(table, buckets, self.dtype)  # [b, q, k, heads]
-        return jnp.transpose(bias, (0, 3, 1, 2))  # [b, heads, q, k]
+        return small_table_lookup(table, buckets, self.dtype, feature_axis=1)  # [b, heads, q, k]
