@@ -41,7 +41,7 @@ from ptmjax.training.damaged_checkpoints import restore_newest_intact
 from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
-from ptmjax.training.nonfinite import NonFiniteMonitor, NonFinitePolicy
+from ptmjax.training.nonfinite import NonFiniteMonitor, NonFinitePolicy, check_finite_state
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.prefetch import DevicePrefetcher
 from ptmjax.training.resume_check import check_resumable
@@ -378,9 +378,10 @@ def run_spec_from_gin() -> RunSpec:
 def _save_if_finite(
     checkpointer: Checkpointer, nonfinite: NonFiniteMonitor, step: int, state, data_state: dict[str, int]
 ) -> None:
-    """Saves `step` once its steps are known finite (else NonFiniteError); after a skipped step, the newest
-    checkpoint before the first one is kept out of rotation."""
+    """Saves `step` once its steps and its state are known finite (else NonFiniteError); after a skipped step,
+    the newest checkpoint before the first one is kept out of rotation."""
     nonfinite.check()
+    check_finite_state(step, state)
     first_skipped = nonfinite.first_skipped_step
     good = [s for s in checkpointer.all_steps() if first_skipped is not None and s < first_skipped]
     if good and max(good) not in checkpointer.kept_steps:

@@ -1,20 +1,25 @@
-"""What a run does when a train step's loss, gradient norm or new state is not finite (NaN or inf).
+"""What a run does when a train step's loss or gradient norm is not finite (NaN or inf).
 
-The jitted step (ptmjax/training/steps.py) checks them and, when any is not
+The jitted step (ptmjax/training/steps.py) checks them and, when either is not
 finite, keeps the previous parameters and optimizer state, so a non-finite
-state is never trained on or saved. It reports the check as the metric
+gradient is never trained on. It reports the check as the metric
 `FINITE`, which `NonFiniteMonitor` reads back only where the loop reads
 metrics anyway (log steps, before each checkpoint, at the end): no extra host
-sync per step. `NonFinitePolicy` says what happens then.
+sync per step. `NonFinitePolicy` says what happens then. `check_finite_state`
+reads the whole state before each checkpoint, so that an optimizer that turns
+finite gradients into a non-finite state (an overflow, a NaN learning rate)
+never reaches a checkpoint either.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import MutableMapping
+from typing import Any
 
 import gin
 import jax
+import jax.numpy as jnp
 
 FINITE = "finite"
 SKIPPED_STEPS = "skipped_steps"
@@ -68,7 +73,7 @@ class NonFiniteMonitor:
             what = f"step {step} has loss={float(loss)} and grad_norm={float(grad_norm)}"
             if self.policy.action == "stop":
                 raise NonFiniteError(
-                    f"{what} (or a non-finite new state); stopped without saving it, so the newest checkpoint is "
+                    f"{what}; stopped without saving it, so the newest checkpoint is "
                     "the last good state; lower the learning rate, or bind NonFinitePolicy.action = 'skip'"
                 )
             self._consecutive += 1
@@ -88,3 +93,19 @@ class NonFiniteMonitor:
             return {}
         skipped, self._unlogged_skips = self._unlogged_skips, 0
         return {SKIPPED_STEPS: float(skipped)}
+
+
+def check_finite_state(step: int, state: Any) -> None:
+    """Raises NonFiniteError unless every floating-point entry of `state` (the state after step `step`) is finite."""
+    if not bool(_all_finite(state)):
+        raise NonFiniteError(
+            f"the state after step {step} is not finite although its steps' losses and gradient norms were: the "
+            "optimizer's update overflowed or its learning rate is not finite; stopped without saving it, so the "
+            "newest checkpoint is the last good state; check the learning-rate schedule or lower the learning rate"
+        )
+
+
+@jax.jit
+def _all_finite(tree: Any) -> jax.Array:
+    leaves = [leaf for leaf in jax.tree.leaves(tree) if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in leaves]))

@@ -20,7 +20,7 @@ from ptmjax.training.nonfinite import NonFiniteError, NonFiniteMonitor, NonFinit
 
 def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_good_checkpoints(tmp_path, monkeypatch):
     poison_steps(monkeypatch, {3})
-    with pytest.raises(NonFiniteError, match=r"^step 3 has loss=nan and grad_norm=nan .*NonFinitePolicy.action"):
+    with pytest.raises(NonFiniteError, match=r"^step 3 has loss=nan and grad_norm=nan; .*NonFinitePolicy.action"):
         run(tmp_path, num_steps=6)
     assert saved_steps(tmp_path) == [2]
     assert all_finite(saved_checkpoint(tmp_path, 2)["state"])
@@ -41,6 +41,16 @@ def test_the_skip_policy_leaves_nan_steps_out_counts_them_and_keeps_the_last_goo
     assert_trees_equal(skipped["state"]["opt_state"], good["state"]["opt_state"])
     assert skipped["data"] == {"batches_consumed": 4}  # the data moved on past the skipped batches
     assert all_finite(saved_checkpoint(tmp_path, 6)["state"])
+
+
+def test_a_non_finite_state_from_finite_gradients_is_never_saved(tmp_path):
+    def schedule(count):  # the optimizer's count of updates: NaN for the fourth, the update of step 4
+        return jnp.where(count >= 3, jnp.nan, 1e-3)
+
+    with pytest.raises(NonFiniteError, match=r"^the state after step 4 is not finite although .* learning rate"):
+        run(tmp_path, num_steps=6, schedule=schedule)
+    assert saved_steps(tmp_path) == [2]
+    assert all_finite(saved_checkpoint(tmp_path, 2)["state"])
 
 
 def step_metrics(finite: bool) -> dict:
