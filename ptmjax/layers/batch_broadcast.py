@@ -1,10 +1,13 @@
 """Broadcasting a tensor shared by every example (T5's relative-position bias) over the batch.
 
-Its gradient sums the batch's cotangents. On the CPU that sum is written as
-pairwise adds of halves of the batch, which XLA fuses into one elementwise
-loop: XLA:CPU's reduction over a short leading dimension of a large array
-(8 x [8, 512, 512], T5-small's bias gradient) ran at about 4 GB/s, the adds at
-about 26 GB/s, 100 ms against 15 ms per step (docs/performance.md).
+Its gradient sums the batch's cotangents. On one CPU device that sum is
+written as pairwise adds of halves of the batch, which XLA fuses into one
+elementwise loop: XLA:CPU's reduction over a short leading dimension of a
+large array (8 x [8, 512, 512], T5-small's bias gradient) ran at about 4 GB/s,
+the adds at about 26 GB/s, 100 ms against 15 ms per step (docs/performance.md).
+On a mesh of several devices the sum stays XLA's reduction: the SPMD
+partitioner (jaxlib 0.10.2) got the halves of a batch sharded four ways wrong
+(GPT-2's position gradient on a data=2, fsdp=2, tensor=2 CPU mesh).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ def broadcast_batch(x: Array, batch: int) -> Array:
     """x [1, ...] -> [batch, ...]; an x whose batch is not 1 as it is."""
     if x.shape[0] != 1 or batch == 1:
         return x
-    if target_platform() != "cpu":
+    if target_platform() != "cpu" or jax.sharding.get_abstract_mesh().size > 1:
         return jnp.broadcast_to(x, (batch,) + x.shape[1:])
     return _broadcast_batch(x, batch)
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import AttentionMask, encoder_attention_mask
+from ptmjax.layers.batch_broadcast import broadcast_batch
 from ptmjax.layers.common import HIDDEN_AXES, dtype_kwargs
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.embed import Embed
@@ -170,7 +171,8 @@ class Embeddings(nn.Module):
         else:
             positions = sequential_positions(input_tokens)  # [1, s]
         types = jnp.zeros_like(input_tokens) if token_type_ids is None else token_type_ids
-        x = self.token_embedder(input_tokens) + self.token_type_embedder(types) + self.position_embedder(positions)
+        position_vectors = broadcast_batch(self.position_embedder(positions), input_tokens.shape[0])
+        x = self.token_embedder(input_tokens) + self.token_type_embedder(types) + position_vectors
         return self.dropout(self.layer_norm(x), deterministic=not enable_dropout)  # [b, s, embed_dim]
 
     def attend(self, query: Array) -> Array:

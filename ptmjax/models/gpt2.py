@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from ptmjax.layers.attention import CacheSlots, MultiHeadAttention, cached_self_mask
 from ptmjax.layers.attention_mask import AttentionMask, decoder_attention_mask, mask_to_bias, prefix_lm_self_mask
+from ptmjax.layers.batch_broadcast import broadcast_batch
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
 from ptmjax.layers.embed import Embed
 from ptmjax.layers.layer_stack import apply_layers
@@ -152,7 +153,7 @@ class GPT2(nn.Module):
         batch, length = tokens.shape
         check_length(length if cache is None else cache.length, self.config.max_length, "GPT2")
         positions = sequential_positions(tokens) if decoder_positions is None else decoder_positions
-        x = self.token_embedder(tokens) + self.position_embedder(positions)  # [b, t, embed]
+        x = self.token_embedder(tokens) + broadcast_batch(self.position_embedder(positions), tokens.shape[0])
         x = nn.with_logical_constraint(self.dropout(x, deterministic=not enable_dropout), HIDDEN_AXES)
         if cache is None and decoder_causal_attention is None:
             mask = decoder_attention_mask(tokens, decoder_segment_ids)
