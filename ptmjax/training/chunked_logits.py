@@ -14,7 +14,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from ptmjax.training.losses import token_cross_entropy
+from ptmjax.training.losses import argmax_hits, token_cross_entropy
 
 Array = jax.Array
 
@@ -44,7 +44,7 @@ def chunked_token_cross_entropy(
         chunk_hidden, chunk_targets = chunk
         logits = logits_fn(chunk_hidden)
         loss, z = token_cross_entropy(logits, chunk_targets, z_loss, label_smoothing)
-        return loss, z, (jnp.argmax(logits, axis=-1) == chunk_targets).astype(jnp.float32)
+        return loss, z, argmax_hits(logits, chunk_targets)
 
     def by_chunk(x: Array) -> Array:  # [b, chunks * c, ...] -> [chunks, b, c, ...]
         return jnp.swapaxes(x.reshape(batch, chunks, chunk_size, *x.shape[2:]), 0, 1)

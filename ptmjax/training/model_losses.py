@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.training.chunked_logits import chunked_token_cross_entropy
-from ptmjax.training.losses import LossConfig, token_cross_entropy
+from ptmjax.training.losses import LossConfig, argmax_hits, token_cross_entropy
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -91,7 +91,7 @@ def loss_terms(
     with an optional per-batch loss and further (sum, count) metrics.
     """
     loss, z = token_cross_entropy(logits, targets, loss_config.z_loss, loss_config.label_smoothing)
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    correct = argmax_hits(logits, targets)
     return weighted_terms(loss, z, correct, weights, batch_loss, **extra_stats)
 
 
