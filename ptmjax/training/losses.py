@@ -63,13 +63,18 @@ def token_cross_entropy(
     logits = logits.astype(jnp.float32)
     vocab = logits.shape[-1]
     log_z = jax.nn.logsumexp(logits, axis=-1)
-    log_probs = logits - log_z[..., None]
     confidence = 1.0 - label_smoothing
     low = label_smoothing / (vocab - 1)
-    soft = jax.nn.one_hot(targets, vocab, dtype=jnp.float32) * (confidence - low) + low
-    entropy = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low + 1e-20))
+    # -sum(soft * log_probs) with soft = one_hot * (confidence - low) + low summing to 1, written with the
+    # target's logit gathered: no [..., vocab] one-hot product forward or backward (on XLA:CPU, GPT-2's
+    # loss and its gradient took 354 against 513 ms, docs/performance.md). Out-of-range targets gather 0.
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1, mode="fill", fill_value=0.0)[..., 0]
+    loss = log_z - (confidence - low) * target_logit
+    if label_smoothing:
+        entropy = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low + 1e-20))
+        loss = loss - low * jnp.sum(logits, axis=-1) - entropy
     z = z_loss * jnp.square(log_z)
-    loss = -jnp.sum(soft * log_probs, axis=-1) - entropy + z
+    loss = loss + z
     return loss, z
 
 
