@@ -1,4 +1,5 @@
-"""Broadcasting a tensor shared by every example (T5's relative-position bias) over the batch.
+"""Broadcasting a tensor shared by every example over the batch (T5's relative-position bias, learned
+positions).
 
 Its gradient sums the batch's cotangents. On one CPU device that sum is
 written as pairwise adds of halves of the batch, which XLA fuses into one

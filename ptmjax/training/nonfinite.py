@@ -107,5 +107,6 @@ def check_finite_state(step: int, state: Any) -> None:
 
 @jax.jit
 def _all_finite(tree: Any) -> jax.Array:
+    """Whether every floating-point entry of `tree` is finite."""
     leaves = [leaf for leaf in jax.tree.leaves(tree) if jnp.issubdtype(leaf.dtype, jnp.inexact)]
     return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in leaves]))
