@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from ptmjax.layers import mixed_precision
 from ptmjax.layers.attention_mask import AttentionMask, pairwise_mask
+from ptmjax.layers.blockwise_attention import blockwise_attention, loop_pays
 from ptmjax.layers.common import DType, target_platform
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.pallas_attention import tpu_flash_attention
@@ -33,8 +34,9 @@ KV_AXES = ("activation_batch", "activation_heads", "activation_length", "activat
 # 'xla' and 'cudnn' call `jax.nn.dot_product_attention` with that implementation (cuDNN's fused
 # flash attention needs a GPU and bfloat16 or float16 activations); 'pallas_tpu_flash' calls JAX's
 # Pallas TPU flash-attention kernel (ptmjax/layers/pallas_attention.py: compiled on TPU, interpreted
-# on CPU, slowly, for tests).
-ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "pallas_tpu_flash")
+# on CPU, slowly, for tests); 'blockwise' loops over the examples and query blocks where the batch's
+# logits are large (ptmjax/layers/blockwise_attention.py: the fastest on a CPU) and is 'einsum' elsewhere.
+ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "pallas_tpu_flash", "blockwise")
 
 
 @flax.struct.dataclass
@@ -145,10 +147,13 @@ class MultiHeadAttention(nn.Module):
         key, value, mask = self.attended(key, value, mask)
         if self.scale_logits:
             query = query * jnp.asarray(self.head_dim**-0.5, query.dtype)
+        if self.attention_kernel != "einsum" and not self.is_initializing():
+            self._check_no_dropout(enable_dropout)
         # Every kernel initialises through the einsum path: init needs only the shapes, so a host without the
         # kernel's device can initialise (cuDNN needs a GPU), and on CPU the Pallas kernel's interpret mode
         # (callbacks that run JAX) can deadlock against flax's eager parameter init.
-        if self.attention_kernel == "einsum" or self.is_initializing():
+        whole = self.attention_kernel == "blockwise" and not loop_pays(*key.shape[:2], query.shape[1], key.shape[2])
+        if self.attention_kernel == "einsum" or self.is_initializing() or whole:
             logits = mixed_precision.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
             bias = mask.dense_bias(self.dtype)
             if bias is not None:
@@ -158,7 +163,7 @@ class MultiHeadAttention(nn.Module):
             weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
             context = mixed_precision.einsum("bhqk,bhkd->bqhd", weights, value)  # [b, q, h, d]
         else:
-            context = self._fused_context(query, key, value, mask, enable_dropout)
+            context = self._fused_context(query, key, value, mask)
         context = nn.with_logical_constraint(context, HEAD_AXES)
         out = Dense(
             name="out",
@@ -179,18 +184,12 @@ class MultiHeadAttention(nn.Module):
         """
         return key, value, mask
 
-    def _fused_context(
-        self, query: Array, key: Array, value: Array, mask: AttentionMask, enable_dropout: bool
-    ) -> Array:
+    def _fused_context(self, query: Array, key: Array, value: Array, mask: AttentionMask) -> Array:
         """query [b, q, h, d], head-major key and value [b, h, k, d] -> context [b, q, h, d]
-        by `jax.nn.dot_product_attention` or the Pallas TPU kernel (logits not scaled again: T5
-        folds the scale into the query kernel, `scale_logits` scaled the query above)."""
-        if enable_dropout and self.dropout_rate > 0:
-            raise ValueError(
-                f"attention_kernel={self.attention_kernel!r} has no dropout on attention probabilities but "
-                f"'{self.name}' has dropout_rate={self.dropout_rate}; set the attention dropout rate to 0 or "
-                "use attention_kernel='einsum'"
-            )
+        by `jax.nn.dot_product_attention`, the Pallas TPU kernel or the blockwise loop (logits not scaled
+        again: T5 folds the scale into the query kernel, `scale_logits` scaled the query above)."""
+        if self.attention_kernel == "blockwise":
+            return jnp.swapaxes(blockwise_attention(jnp.swapaxes(query, 1, 2), key, value, mask), 1, 2)
         if self.attention_kernel == "pallas_tpu_flash":
             return jnp.swapaxes(tpu_flash_attention(jnp.swapaxes(query, 1, 2), key, value, mask), 1, 2)
         if self.attention_kernel == "cudnn":
@@ -210,6 +209,15 @@ class MultiHeadAttention(nn.Module):
         return jax.nn.dot_product_attention(
             query, key, value, bias, scale=1.0, implementation=self.attention_kernel, **structure
         )
+
+    def _check_no_dropout(self, enable_dropout: bool) -> None:
+        """Raise if this layer would drop attention probabilities: only 'einsum' does."""
+        if enable_dropout and self.dropout_rate > 0:
+            raise ValueError(
+                f"attention_kernel={self.attention_kernel!r} has no dropout on attention probabilities but "
+                f"'{self.name}' has dropout_rate={self.dropout_rate}; set the attention dropout rate to 0 or "
+                "use attention_kernel='einsum'"
+            )
 
     def _write_to_cache(self, key: Array, value: Array, index: Array) -> tuple[Array, Array]:
         """Writes key and value [b, h, q, d] at slot `index` of the cache; returns the whole cache.

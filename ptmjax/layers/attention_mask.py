@@ -109,9 +109,9 @@ class AttentionMask:
                      for segments in ids)  # fmt: skip
 
     def for_kernel(self, kernel: str, dtype: DType) -> AttentionMask:
-        """The mask as `kernel` reads it: this one for 'pallas_tpu_flash', and for 'xla' and 'cudnn' if
-        `unpacked`; else `dense_bias`, folded once where a stack's layers share it."""
-        structured = kernel == "pallas_tpu_flash" or (self.unpacked and kernel in ("xla", "cudnn"))
+        """The mask as `kernel` reads it: this one for 'pallas_tpu_flash' and 'blockwise', and for 'xla' and
+        'cudnn' if `unpacked`; else `dense_bias`, folded once where a stack's layers share it."""
+        structured = kernel in ("pallas_tpu_flash", "blockwise") or (self.unpacked and kernel in ("xla", "cudnn"))
         return self if structured else AttentionMask(self.dense_bias(dtype))
 
 

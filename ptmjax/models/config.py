@@ -27,8 +27,9 @@ class ModelConfig(LayerStackConfig):
     attention_kernel: 'einsum' (the reference), 'xla' / 'cudnn' for `jax.nn.dot_product_attention`
       with that implementation (an unpacked batch's padding goes to them as sequence lengths, so it
       must be at the end of each row, as seqio and tokenizers put it: a padding id before a row's last
-      token counts as a token), or 'pallas_tpu_flash' for JAX's Pallas TPU flash-attention kernel
-      (interpreted on CPU) (ptmjax/layers/attention.py's ATTENTION_KERNELS).
+      token counts as a token), 'pallas_tpu_flash' for JAX's Pallas TPU flash-attention kernel
+      (interpreted on CPU), or 'blockwise', the fastest on a CPU: large attention one example and query
+      block at a time (ptmjax/layers/attention.py's ATTENTION_KERNELS).
 
     The activation is not among them: T5 names a tuple (`ffn_activations`,
     gated or not), the others one function (`activation`, see `check_activation`).

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 from ptmjax import gin_files
+from ptmjax.layers.attention import MultiHeadAttention
+from ptmjax.layers.attention_mask import AttentionMask
 from ptmjax.models import EncoderDecoder, T5Config
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin_configs" / "models"
@@ -217,3 +219,34 @@ def _max_abs_diff(ours: jax.Array, reference: object, valid: np.ndarray | None) 
     assert ours.shape == ref.shape
     diff = np.abs(np.asarray(ours) - ref)
     return float((diff if valid is None else diff[valid]).max())
+
+
+def attention_outputs_and_grads(kernel: str, inputs_q, inputs_kv, mask: AttentionMask, real, shape, **layer):
+    """A MultiHeadAttention's (`shape`: heads, head_dim) output and the gradients of a weighted sum of it over
+    the query positions where `real` [b, q] is True, by params, inputs and the mask's bias."""
+    module = MultiHeadAttention(*shape, attention_kernel=kernel, **layer)
+    params = module.init(jax.random.key(0), inputs_q, inputs_kv, mask)
+    weights = jnp.asarray(np.random.default_rng(9).standard_normal(inputs_q.shape), jnp.float32)
+
+    def forward(params, inputs_q, inputs_kv, bias):
+        out = module.apply(params, inputs_q, inputs_kv, mask.replace(bias=bias))
+        return jnp.sum(out * weights * real[:, :, None]), out
+
+    (_, out), grads = jax.jit(jax.value_and_grad(forward, argnums=(0, 1, 2, 3), has_aux=True))(
+        params, inputs_q, inputs_kv, mask.bias
+    )
+    return out, grads
+
+
+def assert_attention_close_to_einsum(kernel: str, inputs_q, inputs_kv, mask: AttentionMask, shape, **layer):
+    """`kernel`'s attention layer (`shape`: heads, head_dim) equals the einsum path's at every real query (a
+    nonzero segment id, or all without segment ids): outputs, and the gradients of params, inputs and bias (up to
+    1e-5 of the largest)."""
+    ids = mask.query_segment_ids
+    real = np.ones(inputs_q.shape[:2], bool) if ids is None else np.asarray(ids) > 0
+    want, want_grads = attention_outputs_and_grads("einsum", inputs_q, inputs_kv, mask, real, shape, **layer)
+    got, got_grads = attention_outputs_and_grads(kernel, inputs_q, inputs_kv, mask, real, shape, **layer)
+    np.testing.assert_allclose(got[real], want[real], atol=1e-5 * float(jnp.max(jnp.abs(want[real]))))
+    # One scale for all gradients: some are zero up to rounding (a key projection bias under a softmax).
+    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(want_grads))
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=1e-5 * scale), got_grads, want_grads)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_attention_close_to_einsum
 from flax import linen as nn
 
 from ptmjax import partitioning
@@ -58,31 +59,8 @@ def kernel_calls(monkeypatch) -> list[dict]:
     return calls
 
 
-def layer_outputs_and_grads(kernel: str, inputs_q, inputs_kv, mask: AttentionMask, real, **layer):
-    """A MultiHeadAttention's output and the gradients of a weighted sum of it over the real query positions
-    by params, inputs and the mask's bias."""
-    module = MultiHeadAttention(HEADS, HEAD_DIM, attention_kernel=kernel, **layer)
-    params = module.init(jax.random.key(0), inputs_q, inputs_kv, mask)
-
-    def forward(params, inputs_q, inputs_kv, bias):
-        out = module.apply(params, inputs_q, inputs_kv, mask.replace(bias=bias))
-        return jnp.sum(out * random(9, out.shape) * real[:, :, None]), out
-
-    (_, out), grads = jax.jit(jax.value_and_grad(forward, argnums=(0, 1, 2, 3), has_aux=True))(
-        params, inputs_q, inputs_kv, mask.bias
-    )
-    return out, grads
-
-
 def assert_close_to_einsum(inputs_q, inputs_kv, mask: AttentionMask, **layer):
-    ids = mask.query_segment_ids
-    real = np.ones(inputs_q.shape[:2], bool) if ids is None else np.asarray(ids) > 0  # all without segment ids
-    want, want_grads = layer_outputs_and_grads("einsum", inputs_q, inputs_kv, mask, real, **layer)
-    got, got_grads = layer_outputs_and_grads("pallas_tpu_flash", inputs_q, inputs_kv, mask, real, **layer)
-    np.testing.assert_allclose(got[real], want[real], atol=1e-5 * float(jnp.max(jnp.abs(want[real]))))
-    # One scale for all gradients: some are zero up to rounding (a key projection bias under a softmax).
-    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(want_grads))
-    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=1e-5 * scale), got_grads, want_grads)
+    assert_attention_close_to_einsum("pallas_tpu_flash", inputs_q, inputs_kv, mask, (HEADS, HEAD_DIM), **layer)
 
 
 def test_packed_causal_attention_without_a_bias_takes_segment_ids_and_causal_and_no_bias(kernel_calls):
