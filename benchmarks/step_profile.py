@@ -1,7 +1,8 @@
 """Where a training step's time goes on this CPU: the XLA operations of T5-small's or GPT-2 small's step
-(train_throughput.py's), by kind and by pass.
+(train_throughput.py's, with its CPU default `--attention blockwise`), by kind and by pass.
 
-    python benchmarks/step_profile.py [--model t5|gpt2] [--steps 3] [--batch 8] [--inputs 512] [--targets 114]
+    python benchmarks/step_profile.py [--model t5|gpt2] [--attention blockwise] [--steps 3] [--batch 8]
+        [--inputs 512] [--targets 114]
 
 The step is compiled and run once, then `--steps` steps run under
 `jax.profiler` with XLA:CPU's per-operation trace events on
@@ -41,6 +42,7 @@ import train_throughput  # noqa: E402
 from jax.profiler import ProfileData  # noqa: E402
 
 from ptmjax import partitioning  # noqa: E402
+from ptmjax.layers.attention import ATTENTION_KERNELS  # noqa: E402
 
 INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = \S+(?: \S+)* (\w[\w-]*)\((.*)$")
 COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) ")
@@ -56,13 +58,17 @@ def hlo_operations(hlo: str) -> dict[str, tuple[str, str]]:
             current = match.group(1) if match else None
         elif current is not None:
             bodies[current].append(line)
+    # A loop body's instructions may lack an op_name (XLA drops it on some fusions there): the loop's pass is theirs.
+    loop_passes = {body: _pass(line) for lines in bodies.values() for line in lines
+                   for body in re.findall(r"body=%([\w.\-]+)", line)}  # fmt: skip
     operations = {}
-    for lines in bodies.values():
+    for computation, lines in bodies.items():
         for line in lines:
             match = INSTRUCTION.match(line)
             if match:
                 name, opcode, rest = match.groups()
-                operations[name] = (_kind(opcode, rest, bodies), _pass(rest))
+                pass_ = _pass(rest) if 'op_name="' in rest else loop_passes.get(computation, _pass(rest))
+                operations[name] = (_kind(opcode, rest, bodies), pass_)
     return operations
 
 
@@ -109,13 +115,14 @@ def traced_events(directory: str) -> collections.Counter:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(train_throughput.TITLES), default="t5")
+    parser.add_argument("--attention", choices=ATTENTION_KERNELS, default="blockwise", help="ptmjax's attention_kernel")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=114, help="T5 only")
     args = parser.parse_args()
 
-    trainer = train_throughput.make_trainer(args.model)
+    trainer = train_throughput.make_trainer(args.model, attention_kernel=args.attention)
     state = trainer.init_state(jax.random.key(0))
     batch = partitioning.global_batch(
         train_throughput.random_batch(args.batch, args.inputs, args.targets, args.model), trainer.mesh
