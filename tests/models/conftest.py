@@ -19,7 +19,7 @@ import pytest
 from ptmjax import gin_files
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import AttentionMask
-from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.models import EncoderDecoder, GPT2Config, T5Config
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin_configs" / "models"
 
@@ -250,3 +250,21 @@ def assert_attention_close_to_einsum(kernel: str, inputs_q, inputs_kv, mask: Att
     # One scale for all gradients: some are zero up to rounding (a key projection bias under a softmax).
     scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(want_grads))
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=1e-5 * scale), got_grads, want_grads)
+
+
+TINY_ATTENTION = (2, 8, 16)  # heads, head_dim and width of the attention kernels' tests
+
+
+def random_normal(seed: int, shape: tuple[int, ...], scale: float = 1.0) -> jnp.ndarray:
+    return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def tiny_attention_models(layers: int) -> tuple[T5Config, GPT2Config]:
+    """T5 and GPT-2 of TINY_ATTENTION's shapes, `layers` layers (each stack), a 40-token vocabulary, no dropout."""
+    heads, head_dim, width = TINY_ATTENTION
+    t5 = T5Config(vocab_size=40, d_model=width, num_heads=heads, head_dim=head_dim, d_ff=32, num_encoder_layers=layers,
+                  num_decoder_layers=layers, ffn_activations=("gelu", "linear"), tie_embeddings=False,
+                  dropout_rate=0.0)  # fmt: skip
+    gpt2 = GPT2Config(vocab_size=40, d_model=width, num_heads=heads, num_layers=layers, d_ff=32, max_length=16,
+                      dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+    return t5, gpt2

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_attention_close_to_einsum
+from conftest import TINY_ATTENTION, assert_attention_close_to_einsum, random_normal, tiny_attention_models
 
 from ptmjax import partitioning
 from ptmjax.decoding import DecodeConfig, GenerationIds
@@ -27,16 +27,12 @@ from ptmjax.layers.attention_mask import (
     mask_to_bias,
     prefix_lm_self_mask,
 )
-from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
+from ptmjax.models import GPT2, EncoderDecoder
 from ptmjax.training.model_api import model_api
 
-HEADS, HEAD_DIM, EMBED = 2, 8, 16
+HEADS, HEAD_DIM, EMBED = TINY_ATTENTION
 SEGMENTS = np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 2, 2], [1, 1, 1, 1, 0, 0], [1, 1, 2, 2, 2, 2]])
 POSITIONS = np.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 0], [0, 1, 0, 1, 2, 3]])
-
-
-def random(seed: int, shape: tuple[int, ...]) -> jnp.ndarray:
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 @dataclasses.dataclass
@@ -75,32 +71,34 @@ def assert_close_to_einsum(inputs_q, inputs_kv, mask: AttentionMask, **layer):
 
 
 def test_packed_encoder_with_t5s_bias_shared_by_the_batch(plans):
-    ids, x = jnp.asarray(SEGMENTS), random(1, (4, 6, EMBED))
-    assert_close_to_einsum(x, x, encoder_attention_mask(ids, ids, bias=random(2, (1, HEADS, 6, 6))))
+    ids, x = jnp.asarray(SEGMENTS), random_normal(1, (4, 6, EMBED))
+    assert_close_to_einsum(x, x, encoder_attention_mask(ids, ids, bias=random_normal(2, (1, HEADS, 6, 6))))
     plans.assert_looped()
 
 
 def test_packed_causal_attention_without_a_bias(plans):
-    ids, x = jnp.asarray(SEGMENTS[:2]), random(3, (2, 6, EMBED))
+    ids, x = jnp.asarray(SEGMENTS[:2]), random_normal(3, (2, 6, EMBED))
     assert_close_to_einsum(x, x, decoder_attention_mask(ids, ids), use_bias=True, scale_logits=True)
     plans.assert_looped()
     assert all(plan.causal for plan in plans.calls)
 
 
 def test_causal_attention_with_a_bias_per_example_and_one_shared_by_the_heads(plans):
-    ids, x = jnp.asarray(SEGMENTS[:2]), random(4, (2, 6, EMBED))
-    assert_close_to_einsum(x, x, decoder_attention_mask(ids, ids, random(5, (2, HEADS, 6, 6))))
-    assert_close_to_einsum(x, x, decoder_attention_mask(ids, ids, random(6, (1, 1, 6, 6))))
+    ids, x = jnp.asarray(SEGMENTS[:2]), random_normal(4, (2, 6, EMBED))
+    assert_close_to_einsum(x, x, decoder_attention_mask(ids, ids, random_normal(5, (2, HEADS, 6, 6))))
+    assert_close_to_einsum(x, x, decoder_attention_mask(ids, ids, random_normal(6, (1, 1, 6, 6))))
     plans.assert_looped()
 
 
 def test_a_folded_mask_with_fully_masked_rows_broadcast_over_the_heads(plans):
     tokens, ids = jnp.asarray(SEGMENTS[1:3] > 0, jnp.int32) * 5, jnp.asarray(SEGMENTS[1:3])
-    bias = jnp.concatenate([
-        mask_to_bias(prefix_lm_self_mask(6, jnp.asarray(POSITIONS[1:2] < 2), ids[:1])),  # packed prefix LM
-        encoder_attention_mask(tokens[1:]).dense_bias(jnp.float32),  # 4 tokens, 2 padding rows fully masked
-    ])  # [2, 1, 6, 6]
-    x = random(7, (2, 6, EMBED))
+    bias = jnp.concatenate(
+        [
+            mask_to_bias(prefix_lm_self_mask(6, jnp.asarray(POSITIONS[1:2] < 2), ids[:1])),  # packed prefix LM
+            encoder_attention_mask(tokens[1:]).dense_bias(jnp.float32),  # 4 tokens, 2 padding rows fully masked
+        ]
+    )  # [2, 1, 6, 6]
+    x = random_normal(7, (2, 6, EMBED))
     assert_close_to_einsum(x, x, AttentionMask(bias), use_bias=True, scale_logits=True)  # every position
     plans.assert_looped()
 
@@ -110,21 +108,23 @@ def test_packed_cross_attention_with_fewer_queries_than_keys(plans):
     encoder_ids = jnp.asarray([[1, 1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
     encoder_tokens = jnp.where(jnp.arange(8) == 4, 0, 5) * (encoder_ids > 0)  # padding inside a row too
     mask = cross_attention_mask(decoder_ids, encoder_tokens, decoder_ids, encoder_ids)
-    assert_close_to_einsum(random(8, (2, 4, EMBED)), random(9, (2, 8, EMBED)), mask, use_bias=True, scale_logits=True)
+    assert_close_to_einsum(
+        random_normal(8, (2, 4, EMBED)), random_normal(9, (2, 8, EMBED)), mask, use_bias=True, scale_logits=True
+    )
     plans.assert_looped()
 
 
 def test_sharded_layer_equals_einsum(plans):
     mesh = partitioning.make_mesh(partitioning.MeshConfig(data=2, fsdp=2, tensor=2))
-    x, ids = random(10, (4, 6, EMBED)), jnp.asarray(SEGMENTS)
+    x, ids = random_normal(10, (4, 6, EMBED)), jnp.asarray(SEGMENTS)
     with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.DEFAULT_RULES):
-        assert_close_to_einsum(x, x, encoder_attention_mask(ids, ids, bias=random(11, (1, HEADS, 6, 6))))
+        assert_close_to_einsum(x, x, encoder_attention_mask(ids, ids, bias=random_normal(11, (1, HEADS, 6, 6))))
     plans.assert_looped()
 
 
 def test_below_the_size_where_the_loop_pays_it_is_the_einsum_path():
-    x, ids = random(12, (4, 6, EMBED)), jnp.asarray(SEGMENTS)
-    mask = encoder_attention_mask(ids, ids, bias=random(13, (1, HEADS, 6, 6)))
+    x, ids = random_normal(12, (4, 6, EMBED)), jnp.asarray(SEGMENTS)
+    mask = encoder_attention_mask(ids, ids, bias=random_normal(13, (1, HEADS, 6, 6)))
     outputs = {}
     for kernel in ("einsum", "blockwise"):
         module = MultiHeadAttention(HEADS, HEAD_DIM, attention_kernel=kernel)
@@ -137,24 +137,19 @@ def test_below_the_size_where_the_loop_pays_it_is_the_einsum_path():
 
 
 def test_refuses_attention_dropout_bad_biases_and_causal_cross_attention():
-    x = random(14, (2, 6, EMBED))
+    x = random_normal(14, (2, 6, EMBED))
     module = MultiHeadAttention(HEADS, HEAD_DIM, dropout_rate=0.1, attention_kernel="blockwise", name="attn")
     params = module.init(jax.random.key(0), x, x)
     with pytest.raises(ValueError, match="attention_kernel='blockwise' has no dropout on attention probabilities"):
         module.apply(params, x, x, enable_dropout=True, rngs={"dropout": jax.random.key(1)})
-    query, key = random(15, (2, HEADS, 4, HEAD_DIM)), random(16, (2, HEADS, 6, HEAD_DIM))
+    query, key = random_normal(15, (2, HEADS, 4, HEAD_DIM)), random_normal(16, (2, HEADS, 6, HEAD_DIM))
     with pytest.raises(ValueError, match=r"the attention bias \(3, 2, 4, 6\) does not broadcast to \(2, 2, 4, 6\)"):
-        blockwise_attention.blockwise_attention(query, key, key, AttentionMask(random(17, (3, HEADS, 4, 6))))
+        blockwise_attention.blockwise_attention(query, key, key, AttentionMask(random_normal(17, (3, HEADS, 4, 6))))
     with pytest.raises(ValueError, match="a causal mask needs as many queries as keys, got 4 and 6"):
         blockwise_attention.blockwise_attention(query, key, key, AttentionMask(causal=True))
 
 
-T5 = T5Config(
-    vocab_size=40, d_model=EMBED, num_heads=HEADS, head_dim=HEAD_DIM, d_ff=32, num_encoder_layers=2,
-    num_decoder_layers=2, ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.0,
-)  # fmt: skip
-GPT = GPT2Config(vocab_size=40, d_model=EMBED, num_heads=HEADS, num_layers=2, d_ff=32, max_length=16,
-                 dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+T5, GPT = tiny_attention_models(2)
 
 
 def tokens(seed: int, valid: np.ndarray) -> jnp.ndarray:
@@ -186,7 +181,7 @@ def test_model_logits_and_gradients_equal_einsum(plans, case):
 
         def loss(params, model=model):
             logits = model.apply(params, **batch) * real
-            return jnp.sum(logits * random(3, logits.shape)), logits
+            return jnp.sum(logits * random_normal(3, logits.shape)), logits
 
         results[kernel] = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
     (_, want), want_grads = results["einsum"]

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_attention_close_to_einsum
+from conftest import TINY_ATTENTION, assert_attention_close_to_einsum, random_normal, tiny_attention_models
 from flax import linen as nn
 
 from ptmjax import partitioning
@@ -29,16 +29,13 @@ from ptmjax.layers.attention_mask import (
     mask_to_bias,
     prefix_lm_self_mask,
 )
-from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
+from ptmjax.models import GPT2, EncoderDecoder
 from ptmjax.training.model_api import model_api
 
-HEADS, HEAD_DIM, EMBED = 2, 8, 16
+HEADS, HEAD_DIM, EMBED = TINY_ATTENTION
 SEGMENTS = np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 2, 2], [1, 1, 1, 1, 0, 0]])
 POSITIONS = np.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 0]])
 
-
-def random(seed: int, shape: tuple[int, ...], scale: float = 1.0) -> jnp.ndarray:
-    return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def segments(*rows: list[tuple[int, int]]) -> jnp.ndarray:
@@ -65,7 +62,7 @@ def assert_close_to_einsum(inputs_q, inputs_kv, mask: AttentionMask, **layer):
 
 def test_packed_causal_attention_without_a_bias_takes_segment_ids_and_causal_and_no_bias(kernel_calls):
     # GPT-2's mask: 200 positions pad to two blocks of 128 (the kernel skips the one above the diagonal).
-    ids, x = segments([(1, 90), (2, 100), (0, 10)], [(1, 150), (2, 50)]), random(1, (2, 200, EMBED))
+    ids, x = segments([(1, 90), (2, 100), (0, 10)], [(1, 150), (2, 50)]), random_normal(1, (2, 200, EMBED))
     assert_close_to_einsum(x, x, decoder_attention_mask(ids, ids), use_bias=True, scale_logits=True)
     assert kernel_calls == [{"ab": False, "segment_ids": True, "causal": True}]
 
@@ -73,15 +70,15 @@ def test_packed_causal_attention_without_a_bias_takes_segment_ids_and_causal_and
 @pytest.mark.parametrize("bias", [None, "t5"])
 def test_packed_encoder_attention_with_and_without_t5s_bias(kernel_calls, bias):
     ids = jnp.asarray(SEGMENTS)
-    bias = None if bias is None else random(2, (1, HEADS, 6, 6))  # the relative-position bias [1, h, q, k]
-    x = random(3, (3, 6, EMBED))
+    bias = None if bias is None else random_normal(2, (1, HEADS, 6, 6))  # the relative-position bias [1, h, q, k]
+    x = random_normal(3, (3, 6, EMBED))
     assert_close_to_einsum(x, x, encoder_attention_mask(ids, ids, bias=bias))
     assert kernel_calls == [{"ab": bias is not None, "segment_ids": True, "causal": False}]
 
 
 def test_t5_decoder_attention_with_its_bias_and_segments(kernel_calls):
-    ids, x = jnp.asarray(SEGMENTS), random(4, (3, 6, EMBED))
-    assert_close_to_einsum(x, x, decoder_attention_mask(ids, ids, random(5, (3, HEADS, 6, 6))))
+    ids, x = jnp.asarray(SEGMENTS), random_normal(4, (3, 6, EMBED))
+    assert_close_to_einsum(x, x, decoder_attention_mask(ids, ids, random_normal(5, (3, HEADS, 6, 6))))
     assert kernel_calls == [{"ab": True, "segment_ids": True, "causal": True}]
 
 
@@ -89,7 +86,7 @@ def test_padding_without_packing_is_segment_zero(kernel_calls):
     tokens = jnp.asarray([[5, 6, 7, 8, 1, 1], [5, 6, 1, 1, 1, 1], [5, 6, 7, 8, 9, 10]])  # padding id 1, as BART's
     mask = encoder_attention_mask(tokens, pad_token_id=1)
     np.testing.assert_array_equal(mask.query_segment_ids, tokens != 1)
-    x = random(6, (3, 6, EMBED))
+    x = random_normal(6, (3, 6, EMBED))
     assert_close_to_einsum(x, x, mask, use_bias=True, scale_logits=True)
     assert kernel_calls == [{"ab": False, "segment_ids": True, "causal": False}]
 
@@ -100,7 +97,7 @@ def test_packed_cross_attention_over_several_blocks(kernel_calls):
     encoder_ids = segments([(1, 100), (2, 100)], [(1, 170), (0, 30)])
     encoder_tokens = jnp.where(jnp.arange(200) % 7 == 3, 0, 5) * (encoder_ids > 0)
     mask = cross_attention_mask(decoder_ids, encoder_tokens, decoder_ids, encoder_ids)
-    assert_close_to_einsum(random(7, (2, 130, EMBED)), random(8, (2, 200, EMBED)), mask, use_bias=True,
+    assert_close_to_einsum(random_normal(7, (2, 130, EMBED)), random_normal(8, (2, 200, EMBED)), mask, use_bias=True,
                            scale_logits=True)  # fmt: skip
     assert kernel_calls == [{"ab": False, "segment_ids": True, "causal": False}]
 
@@ -112,25 +109,20 @@ def test_masks_without_a_structured_form_fall_back_to_the_folded_bias(kernel_cal
         mask_to_bias(prefix_lm_self_mask(6, jnp.asarray(POSITIONS[1:2] < 2), ids[1:2])),  # packed prefix LM
         encoder_attention_mask(tokens[2:]).dense_bias(jnp.float32),  # 4 tokens, 2 padding rows fully masked
     ]
-    bias = random(1, (1, HEADS, 6, 6)) + jnp.concatenate(masks)  # a T5 bias [1, h, q, k] + the masks
-    x = random(2, (3, 6, EMBED))
+    bias = random_normal(1, (1, HEADS, 6, 6)) + jnp.concatenate(masks)  # a T5 bias [1, h, q, k] + the masks
+    x = random_normal(2, (3, 6, EMBED))
     assert_close_to_einsum(x, x, AttentionMask(bias))  # every position, padding rows included
     assert kernel_calls == [{"ab": True, "segment_ids": True, "causal": False}]  # ids of the block padding
 
 
 def test_sharded_layer_runs_the_kernel_per_device_and_equals_einsum():
     mesh = partitioning.make_mesh(partitioning.MeshConfig(data=2, fsdp=2, tensor=2))
-    x, ids = random(6, (4, 6, EMBED)), jnp.asarray(np.concatenate([SEGMENTS, SEGMENTS[1:2]]))
+    x, ids = random_normal(6, (4, 6, EMBED)), jnp.asarray(np.concatenate([SEGMENTS, SEGMENTS[1:2]]))
     with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.DEFAULT_RULES):
-        assert_close_to_einsum(x, x, encoder_attention_mask(ids, ids, bias=random(7, (1, HEADS, 6, 6))))
+        assert_close_to_einsum(x, x, encoder_attention_mask(ids, ids, bias=random_normal(7, (1, HEADS, 6, 6))))
 
 
-T5 = T5Config(
-    vocab_size=40, d_model=EMBED, num_heads=HEADS, head_dim=HEAD_DIM, d_ff=32, num_encoder_layers=1,
-    num_decoder_layers=1, ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.0,
-)  # fmt: skip
-GPT = GPT2Config(vocab_size=40, d_model=EMBED, num_heads=HEADS, num_layers=1, d_ff=32, max_length=16,
-                 dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+T5, GPT = tiny_attention_models(1)
 
 
 def tokens(seed: int) -> jnp.ndarray:
@@ -192,7 +184,7 @@ def test_cached_greedy_decoding_of_t5_equals_einsum(kernel_calls):
 
 
 def test_without_a_mask_and_refusing_attention_dropout_and_gpus(monkeypatch):
-    x = random(8, (1, 6, EMBED))
+    x = random_normal(8, (1, 6, EMBED))
     module = MultiHeadAttention(HEADS, HEAD_DIM, dropout_rate=0.1, attention_kernel="pallas_tpu_flash", name="attn")
     params = module.init(jax.random.key(0), x, x)
     want = MultiHeadAttention(HEADS, HEAD_DIM, dropout_rate=0.1, name="attn").apply(params, x, x)
