@@ -3,8 +3,9 @@ outputs at real positions and the gradients (parameters, inputs, bias) of a loss
 at these tiny sizes both ways it runs (several examples a step; one example in query blocks of 2, causal blocks
 skipping the keys after them), for every mask form (segment ids with padding, causal, T5's bias shared by the
 batch, a bias per example and one broadcast over the heads, a folded mask with fully masked rows, cross-attention
-with fewer queries than keys); under a sharded mesh; whole T5 and GPT-2 models' logits and gradients and their
-cached greedy decoding. Below the size where the loop pays, the kernel is the einsum path itself."""
+with fewer queries than keys); under a sharded mesh; whole T5 and GPT-2 models' logits and gradients (T5 also with
+scanned, rematerialised layers) and their cached greedy decoding. Below the size where the loop pays, the kernel
+is the einsum path itself."""
 
 import dataclasses
 
@@ -165,6 +166,9 @@ MODEL_CASES = {
     "gpt2_packed": (GPT2, GPT, {
         "decoder_input_tokens": tokens(2, SEGMENTS), "decoder_segment_ids": SEGMENTS,
         "decoder_positions": POSITIONS,
+    }),
+    "t5_scanned_and_rematerialised": (EncoderDecoder, dataclasses.replace(T5, scan_layers=True, remat_policy="full"), {
+        "encoder_input_tokens": tokens(3, SEGMENTS), "decoder_input_tokens": tokens(4, np.ones_like(SEGMENTS)),
     }),
 }  # fmt: skip
 
