@@ -4,8 +4,8 @@ at these tiny sizes both ways it runs (several examples a step; one example in q
 skipping the keys after them), for every mask form (segment ids with padding, causal, T5's bias shared by the
 batch, a bias per example and one broadcast over the heads, a folded mask with fully masked rows, cross-attention
 with fewer queries than keys); under a sharded mesh; whole T5 and GPT-2 models' logits and gradients (T5 also with
-scanned, rematerialised layers) and their cached greedy decoding. Below the size where the loop pays, the kernel
-is the einsum path itself."""
+scanned, rematerialised layers) and their cached greedy decoding; bfloat16 activations. Below the size where the
+loop pays, the kernel is the einsum path itself."""
 
 import dataclasses
 
@@ -120,6 +120,21 @@ def test_sharded_layer_equals_einsum(plans):
     x, ids = random_normal(10, (4, 6, EMBED)), jnp.asarray(SEGMENTS)
     with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.DEFAULT_RULES):
         assert_close_to_einsum(x, x, encoder_attention_mask(ids, ids, bias=random_normal(11, (1, HEADS, 6, 6))))
+    plans.assert_looped()
+
+
+def test_bfloat16_activations_compute_in_float32_and_come_back_in_bfloat16(plans):
+    ids, x = jnp.asarray(SEGMENTS), random_normal(18, (4, 6, EMBED))
+    mask = encoder_attention_mask(ids, ids, bias=random_normal(19, (1, HEADS, 6, 6)))
+    outputs = {}
+    for kernel, dtype in (("einsum", jnp.float32), ("einsum", jnp.bfloat16), ("blockwise", jnp.bfloat16)):
+        module = MultiHeadAttention(HEADS, HEAD_DIM, attention_kernel=kernel, dtype=dtype)
+        outputs[kernel, dtype] = module.apply(module.init(jax.random.key(0), x, x, mask), x, x, mask)
+    want = np.asarray(outputs["einsum", jnp.float32])
+    assert outputs["blockwise", jnp.bfloat16].dtype == jnp.bfloat16
+    error = {kernel: np.abs(np.asarray(outputs[kernel, jnp.bfloat16], np.float32) - want).max() for kernel in
+             ("einsum", "blockwise")}  # fmt: skip
+    assert error["blockwise"] <= 1.5 * error["einsum"], error  # bfloat16 inputs and outputs, float32 inside
     plans.assert_looped()
 
 
