@@ -96,7 +96,11 @@ class _Plan:
         return end if self.causal else num_keys
 
     def mask_bias(self, segments, start: int, end: int, num_keys: int, transposed: bool = False) -> Array | float:
-        """The block's mask as an additive bias [group, 1, q block, keys], or [.., keys, q block] (0.0: none)."""
+        """The block's mask as an additive bias [group, 1, q block, keys], or [.., keys, q block] (0.0: none).
+
+        The masks of `segment_mask` and `causal_mask` (attention_mask.py), built here in the block's orientation:
+        those functions' masks sliced and transposed made GPT-2's causal attention about 5% slower (131 against
+        138 ms forward and backward)."""
         if segments is None and not self.causal:
             return 0.0
         queries, keys = (slice(None), None), (None, slice(None))
@@ -195,11 +199,11 @@ def _backward(plan, residuals, d_context):
     d_inputs = [d.reshape(x.shape) for d, x in zip((d_query, d_key, d_value), (query, key, value), strict=True)]
     if bias is None:
         return (*d_inputs, None, None)
-    d_bias_t = d_shared_bias_t if shared_bias is not None else d_bias_t.reshape(bias_t_shape(bias))
+    d_bias_t = d_shared_bias_t if shared_bias is not None else d_bias_t.reshape(_transposed_shape(bias))
     return (*d_inputs, jnp.swapaxes(d_bias_t, 2, 3), None)
 
 
-def bias_t_shape(bias: Array) -> tuple[int, ...]:
+def _transposed_shape(bias: Array) -> tuple[int, ...]:
     """The shape of `bias` [b|1, h|1, q, k] transposed: [b|1, h|1, k, q]."""
     return bias.shape[:2] + bias.shape[:1:-1]
 
