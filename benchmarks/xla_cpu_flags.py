@@ -29,6 +29,7 @@ FLAG_SETS = {
     "XNNPACK dot fusions": "--xla_cpu_experimental_xnn_fusion_type=dot",
     "XNNPACK greedy graph fusion": "--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY",
     "YNNPACK off": "--xla_cpu_experimental_ynn_fusion_type=",
+    "YNNPACK elementwise fusions": "--xla_cpu_experimental_ynn_fusion_type=+eltwise",  # added to the defaults
     "sequential scheduler": "--xla_cpu_enable_concurrency_optimized_scheduler=false",  # ptmjax sets it true
     "512-bit vectors": "--xla_cpu_prefer_vector_width=512",
     "fast-runtime preset": "--xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_RUNTIME",

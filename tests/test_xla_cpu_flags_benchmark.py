@@ -16,5 +16,5 @@ def test_an_unknown_flag_set_is_named_with_the_choices_and_nothing_runs():
     assert last == (
         "xla_cpu_flags.py: error: --sets: unknown flag set(s) 'bogus'; choose from defaults, oneDNN matmuls, "
         "oneDNN dot fusions, XNNPACK, XNNPACK dot fusions, XNNPACK greedy graph fusion, YNNPACK off, "
-        "sequential scheduler, 512-bit vectors, fast-runtime preset, tiling propagation"
+        "YNNPACK elementwise fusions, sequential scheduler, 512-bit vectors, fast-runtime preset, tiling propagation"
     )
