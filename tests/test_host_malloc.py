@@ -98,7 +98,9 @@ def test_a_jax_programs_buffers_are_reused_without_page_faults():
     pages = (128 << 20) // os.sysconf("SC_PAGE_SIZE")
     one_device = {"XLA_FLAGS": ""}
     assert _faults(RERUN_FAULTS, "0", **one_device) > pages // 2
-    assert _faults(RERUN_FAULTS, "1", **one_device) < pages // 100
+    # Reused: at most an eighth in fresh pages. Alone the median is 0-4 faults; once, in the full suite on 2 loaded
+    # cores, it was 2,058 (8 MiB of the 128 MiB), against about 32,768 (all of it) with glibc's defaults.
+    assert _faults(RERUN_FAULTS, "1", **one_device) < pages // 8
     # Dispatched to another thread, whose glibc arena maps and unmaps large buffers: the user's choice, kept.
     asynchronous = {**one_device, "JAX_CPU_ENABLE_ASYNC_DISPATCH": "true"}
     assert _faults(RERUN_FAULTS, "1", **asynchronous) > pages // 2
