@@ -10,13 +10,18 @@ import pytest
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 
-# Allocates, touches and frees 64 MiB twice; prints the minor page faults of the second round.
-SECOND_ROUND_FAULTS = """
-import ctypes, resource
+# The scripts' start: ptmjax imported, glibc's malloc and free callable through ctypes.
+LIBC = """
+import ctypes, resource, threading
 import ptmjax
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
+"""
+
+# Allocates, touches and frees 64 MiB twice; prints the minor page faults of the second round.
+SECOND_ROUND_FAULTS = LIBC + """
 size = 64 << 20
 for round in range(2):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -48,13 +53,7 @@ print(statistics.median(faults[1:]))
 # Keeps 48 MiB and allocates, touches and frees another 48 MiB twice, all in a thread of its own (so in a glibc arena
 # other than the heap, whose second 64 MiB heap holds the second block); prints the thread's minor page faults of
 # the second round.
-THREAD_SECOND_ROUND_FAULTS = """
-import ctypes, resource, threading
-import ptmjax
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
+THREAD_SECOND_ROUND_FAULTS = LIBC + """
 size = 48 << 20
 faults = []
 def work():

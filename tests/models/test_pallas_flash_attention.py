@@ -37,7 +37,6 @@ SEGMENTS = np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 2, 2], [1, 1, 1, 1, 0, 0]]
 POSITIONS = np.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 0]])
 
 
-
 def segments(*rows: list[tuple[int, int]]) -> jnp.ndarray:
     """Segment ids [len(rows), length] from runs of (segment id, length)."""
     return jnp.asarray([np.concatenate([[i] * n for i, n in row]) for row in rows], jnp.int32)
