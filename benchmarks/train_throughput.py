@@ -210,6 +210,16 @@ def time_pytorch(
         return None
     if device not in TORCH_DEVICES:
         return None
+    step = pytorch_step(batch, model, dtype, device)
+    step()  # warm up
+    times = [_timed(step) for _ in range(steps)]
+    return times, torch.cuda.max_memory_allocated() if device == "gpu" else None
+
+
+def pytorch_step(batch: dict[str, np.ndarray], model: str = "t5", dtype: str = "float32", device: str = "cpu"):
+    """A function that runs one AdamW training step of `model`'s transformers twin on `batch` and waits for it."""
+    import torch
+
     torch_device = TORCH_DEVICES[device]
     network = hf_model(model).to(torch_device)
     autocast = torch.autocast(torch_device, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
@@ -228,9 +238,7 @@ def time_pytorch(
         optimizer.zero_grad(set_to_none=True)
         torch_synchronize(device)
 
-    step()  # warm up
-    times = [_timed(step) for _ in range(steps)]
-    return times, torch.cuda.max_memory_allocated() if device == "gpu" else None
+    return step
 
 
 def _timed(fn) -> float:

@@ -1,0 +1,128 @@
+"""Where a CPU training step's processor time goes: matrix-multiplication kernels or the rest, ptmjax against
+Hugging Face PyTorch, sampled by Linux `perf`.
+
+    python benchmarks/cpu_time_split.py [--model t5|gpt2] [--steps 4] [--frequency 499]
+
+Each framework runs `train_throughput.py`'s CPU step (float32, ptmjax with
+'blockwise' attention) in a child process of its own: PyTorch twice, with
+glibc's malloc defaults and with the settings `import ptmjax` makes. After a
+warm-up step the child records itself with `perf record` over `--steps`
+steps, and times each step's wall and CPU seconds (all threads, user and
+system). `perf report` then attributes the samples to symbols; those of the
+libraries' matrix-multiplication kernels and their packing routines
+(MATMUL_SYMBOLS: YNNPACK's `ynn::dot_*` and Eigen's `gebp`/`gemm_pack` under
+XLA, MKL's `*sgemm*` under PyTorch) are the matmul share. Prints a table;
+needs `perf` on the PATH and permission to record one's own process; asserts
+nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+MATMUL_SYMBOLS = re.compile(r"sgemm|gemm_pack|gebp|ynn::dot_|xnn_f32_gemm|brgemm")
+FRAMEWORKS = {  # row -> (child framework, PTMJAX_KEEP_FREED_MEMORY)
+    "ptmjax (JAX/XLA)": ("ptmjax", "1"),
+    "Hugging Face (PyTorch)": ("pytorch", "0"),
+    "PyTorch, ptmjax's malloc": ("pytorch", "1"),
+}
+
+
+@contextlib.contextmanager
+def perf_recording(path: str, frequency: int):
+    """`perf record` of this process, at `frequency` samples a second, into `path` while the block runs."""
+    perf = subprocess.Popen(["perf", "record", "-q", "-F", str(frequency), "-p", str(os.getpid()), "-o", path],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    time.sleep(1.0)  # perf attaches to every thread before the steps start
+    try:
+        yield
+    finally:
+        perf.send_signal(signal.SIGINT)
+        perf.wait()
+
+
+def matmul_share(path: str) -> float:
+    """The fraction of `path`'s samples in MATMUL_SYMBOLS."""
+    report = subprocess.run(["perf", "report", "-i", path, "--no-children", "--sort", "sym", "--stdio",
+                             "--percent-limit", "0"], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    shares = [(float(m.group(1)), m.group(2)) for m in re.finditer(r"^\s*([\d.]+)%\s+\[.\]\s+(.*)$", report, re.M)]
+    return sum(share for share, symbol in shares if MATMUL_SYMBOLS.search(symbol)) / 100
+
+
+def child_step(framework: str, model: str):
+    """A function running one training step of `framework` on train_throughput.py's batch, blocking until done."""
+    import train_throughput as bench
+
+    batch = bench.random_batch(8, 512, 114, model)
+    if framework == "pytorch":
+        return bench.pytorch_step(batch, model)
+    import jax
+
+    trainer = bench.make_trainer(model, attention_kernel="blockwise")
+    state = [trainer.init_state(jax.random.key(0))]
+    device_batch = bench.partitioning.global_batch(batch, trainer.mesh)
+
+    def ptmjax_step():
+        state[0], metrics = trainer.train_step(state[0], device_batch, jax.random.key(1))
+        jax.block_until_ready(metrics)
+
+    return ptmjax_step
+
+
+def run_child(framework: str, model: str, steps: int, frequency: int) -> dict:
+    step = child_step(framework, model)
+    step()  # compile and warm up
+    walls, cpus = [], []
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "perf.data")
+        with perf_recording(path, frequency):
+            for _ in range(steps):
+                wall, cpu = time.perf_counter(), time.process_time()
+                step()
+                walls.append(time.perf_counter() - wall)
+                cpus.append(time.process_time() - cpu)
+        share = matmul_share(path)
+    return {"wall": statistics.median(walls), "cpu": statistics.median(cpus), "matmul_share": share}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["t5", "gpt2"], default="t5")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--frequency", type=int, default=499, help="perf's samples per second")
+    parser.add_argument("--child", choices=["ptmjax", "pytorch"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_child(args.child, args.model, args.steps, args.frequency)))
+        return
+    if shutil.which("perf") is None:
+        parser.error("needs Linux `perf` on the PATH (e.g. apt install linux-perf)")
+    print(f"{args.model}, train_throughput.py's CPU step, float32, median of {args.steps} steps per framework; "
+          f"{os.cpu_count()} CPU cores\n")
+    print(f"{'framework':<26}{'step s':>8}{'CPU s':>8}{'cores busy':>12}{'matmul CPU s':>14}{'other CPU s':>13}")
+    for name, (framework, keep_freed_memory) in FRAMEWORKS.items():
+        env = {**os.environ, "PTMJAX_KEEP_FREED_MEMORY": keep_freed_memory, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        out = subprocess.run([sys.executable, __file__, "--child", framework, "--model", args.model, "--steps",
+                              str(args.steps), "--frequency", str(args.frequency)], env=env, stdout=subprocess.PIPE,
+                             text=True, check=True)  # fmt: skip
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        matmul = row["cpu"] * row["matmul_share"]
+        print(f"{name:<26}{row['wall']:>8.2f}{row['cpu']:>8.2f}{row['cpu'] / row['wall']:>12.2f}{matmul:>14.2f}"
+              f"{row['cpu'] - matmul:>13.2f}")
+
+
+if __name__ == "__main__":
+    main()
