@@ -94,6 +94,9 @@ def run_child(framework: str, model: str, steps: int, frequency: int) -> dict:
                 step()
                 walls.append(time.perf_counter() - wall)
                 cpus.append(time.process_time() - cpu)
+        if not os.path.exists(path):
+            sys.exit("cpu_time_split.py: `perf record` could not record this process; allow it with "
+                     "`sysctl kernel.perf_event_paranoid=1` (or run as root)")  # fmt: skip
         share = matmul_share(path)
     return {"wall": statistics.median(walls), "cpu": statistics.median(cpus), "matmul_share": share}
 
@@ -117,7 +120,9 @@ def main() -> None:
         env = {**os.environ, "PTMJAX_KEEP_FREED_MEMORY": keep_freed_memory, "TF_CPP_MIN_LOG_LEVEL": "3"}
         out = subprocess.run([sys.executable, __file__, "--child", framework, "--model", args.model, "--steps",
                               str(args.steps), "--frequency", str(args.frequency)], env=env, stdout=subprocess.PIPE,
-                             text=True, check=True)  # fmt: skip
+                             text=True)  # fmt: skip  (its errors go to this stderr)
+        if out.returncode:
+            sys.exit(out.returncode)
         row = json.loads(out.stdout.strip().splitlines()[-1])
         matmul = row["cpu"] * row["matmul_share"]
         print(f"{name:<26}{row['wall']:>8.2f}{row['cpu']:>8.2f}{row['cpu'] / row['wall']:>12.2f}{matmul:>14.2f}"
