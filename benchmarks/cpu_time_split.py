@@ -62,28 +62,15 @@ def matmul_share(path: str) -> float:
     return sum(share for share, symbol in shares if MATMUL_SYMBOLS.search(symbol)) / 100
 
 
-def child_step(framework: str, model: str):
-    """A function running one training step of `framework` on train_throughput.py's batch, blocking until done."""
+def run_child(framework: str, model: str, steps: int, frequency: int) -> dict:
+    """The median wall and CPU seconds of `framework`'s step on train_throughput.py's batch, and its matmul share."""
     import train_throughput as bench
 
     batch = bench.random_batch(8, 512, 114, model)
     if framework == "pytorch":
-        return bench.pytorch_step(batch, model)
-    import jax
-
-    trainer = bench.make_trainer(model, attention_kernel="blockwise")
-    state = [trainer.init_state(jax.random.key(0))]
-    device_batch = bench.partitioning.global_batch(batch, trainer.mesh)
-
-    def ptmjax_step():
-        state[0], metrics = trainer.train_step(state[0], device_batch, jax.random.key(1))
-        jax.block_until_ready(metrics)
-
-    return ptmjax_step
-
-
-def run_child(framework: str, model: str, steps: int, frequency: int) -> dict:
-    step = child_step(framework, model)
+        step = bench.pytorch_step(batch, model)
+    else:
+        step = bench.ptmjax_step(batch, model, attention_kernel="blockwise")
     step()  # compile and warm up
     walls, cpus = [], []
     with tempfile.TemporaryDirectory() as directory:

@@ -181,6 +181,20 @@ def timed_steps(trainer: Trainer, state: Any, batch: dict[str, Any], steps: int)
     return times[0], times[1:], metrics
 
 
+def ptmjax_step(batch: dict[str, np.ndarray], model: str = "t5", **options: Any):
+    """A function that runs one training step of `make_trainer(model, **options)` on `batch` and waits for it."""
+    trainer = make_trainer(model, **options)
+    state = trainer.init_state(jax.random.key(0))
+    device_batch, rng = partitioning.global_batch(batch, trainer.mesh), jax.random.key(1)
+
+    def step():
+        nonlocal state
+        state, metrics = trainer.train_step(state, device_batch, rng)
+        jax.block_until_ready(metrics)
+
+    return step
+
+
 def hf_model(model: str) -> Any:
     """The transformers model of the same configuration, in train mode."""
     import transformers
