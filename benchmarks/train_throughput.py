@@ -22,7 +22,11 @@ JAX, NumPy or PyTorch; on an accelerator the best 8192x8192 matmul of JAX or
 PyTorch in the compute dtype. On an accelerator the table also gives each
 framework's peak device memory. PyTorch runs on CPU and GPU only.
 
-Each framework runs in a child process of its own. `import ptmjax` sets
+On the CPU each of `--steps` steps is timed alone (JAX's CPU dispatch is
+synchronous); on an accelerator, three rounds of `--steps` steps are
+dispatched back to back and waited for once, as a training loop does, so that
+the host's dispatch overlaps the device's work (PyTorch's too), and each
+round's mean is a step's time. Each framework runs in a child process of its own. `import ptmjax` sets
 glibc's malloc to keep freed memory (`ptmjax/host_malloc.py`), which speeds
 PyTorch up too, so PyTorch runs twice: with glibc's defaults, as a PyTorch
 user runs it, and with ptmjax's settings.
@@ -75,6 +79,7 @@ TITLES = {"t5": "T5 v1.0 small", "t5-base": "T5 v1.0 base", "t5-large": "T5 v1.0
 JAX_PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}  # --device -> JAX's platform
 TORCH_DEVICES = {"cpu": "cpu", "gpu": "cuda"}  # --device -> PyTorch's device (none for TPU)
 LEARNING_RATE = 1e-4
+ROUNDS = 3  # an accelerator's steps are timed in rounds of `--steps` steps dispatched back to back
 
 
 def use_device(device: str) -> None:
@@ -158,8 +163,8 @@ def make_trainer(model: str = "t5", **options: Any) -> Trainer:
 def time_ptmjax(
     batch: dict[str, np.ndarray], steps: int, model: str = "t5", **options: Any
 ) -> tuple[list[float], float, int | None]:
-    """Each step's seconds, the loss of the last step, and the device's peak bytes in use (None on the CPU), of
-    `make_trainer(model, **options)`."""
+    """Seconds per step (`step_seconds`), the loss of the last step, and the device's peak bytes in use (None on
+    the CPU), of `make_trainer(model, **options)`."""
     trainer = make_trainer(model, **options)
     state = trainer.init_state(jax.random.key(0))
     first, times, metrics = timed_steps(trainer, state, partitioning.global_batch(batch, trainer.mesh), steps)
@@ -169,30 +174,45 @@ def time_ptmjax(
 
 
 def timed_steps(trainer: Trainer, state: Any, batch: dict[str, Any], steps: int) -> tuple[float, list[float], Any]:
-    """The seconds of a first (compiling) step on `batch`, of each of `steps` steps after it, and the last step's
-    metrics."""
+    """The seconds of a first (compiling) step on `batch`, seconds per step after it (`step_seconds`), and the last
+    step's metrics."""
+    step = trainer_step(trainer, state, batch)
+    first = _timed(step)
+    times, metrics = step_seconds(step, steps, back_to_back=jax.default_backend() != "cpu")
+    return first, times, metrics
+
+
+def trainer_step(trainer: Trainer, state: Any, batch: dict[str, Any]):
+    """A function that runs one step of `trainer` on the device batch `batch`, from `state` on, and returns its
+    metrics, waiting for them unless called with wait=False."""
     rng = jax.random.key(1)
-    times = []
-    for _ in range(steps + 1):
-        start = time.perf_counter()
+
+    def step(wait: bool = True):
+        nonlocal state
         state, metrics = trainer.train_step(state, batch, rng)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - start)
-    return times[0], times[1:], metrics
+        return jax.block_until_ready(metrics) if wait else metrics
+
+    return step
 
 
 def ptmjax_step(batch: dict[str, np.ndarray], model: str = "t5", **options: Any):
-    """A function that runs one training step of `make_trainer(model, **options)` on `batch` and waits for it."""
+    """`trainer_step` of `make_trainer(model, **options)` on `batch`, from a fresh state."""
     trainer = make_trainer(model, **options)
-    state = trainer.init_state(jax.random.key(0))
-    device_batch, rng = partitioning.global_batch(batch, trainer.mesh), jax.random.key(1)
+    return trainer_step(trainer, trainer.init_state(jax.random.key(0)), partitioning.global_batch(batch, trainer.mesh))
 
-    def step():
-        nonlocal state
-        state, metrics = trainer.train_step(state, device_batch, rng)
-        jax.block_until_ready(metrics)
 
-    return step
+def step_seconds(step, steps: int, back_to_back: bool) -> tuple[list[float], Any]:
+    """Seconds per step of `step(wait)`, and the last step's result: each of `steps` steps timed alone, or (on an
+    accelerator) ROUNDS rounds of `steps` steps dispatched back to back, waiting for the last only, as a training
+    loop does (ptmjax's waits when it logs), each round's seconds divided by `steps`. Timed alone, an accelerator's
+    step also counts the host's dispatch, which back to back overlaps the steps before it."""
+    times = []
+    for _ in range(ROUNDS if back_to_back else steps):
+        start = time.perf_counter()
+        for i in range(steps if back_to_back else 1):
+            result = step(wait=not back_to_back or i == steps - 1)
+        times.append((time.perf_counter() - start) / (steps if back_to_back else 1))
+    return times, result
 
 
 def hf_model(model: str) -> Any:
@@ -226,12 +246,13 @@ def time_pytorch(
         return None
     step = pytorch_step(batch, model, dtype, device)
     step()  # warm up
-    times = [_timed(step) for _ in range(steps)]
+    times, _ = step_seconds(step, steps, back_to_back=device != "cpu")
     return times, torch.cuda.max_memory_allocated() if device == "gpu" else None
 
 
 def pytorch_step(batch: dict[str, np.ndarray], model: str = "t5", dtype: str = "float32", device: str = "cpu"):
-    """A function that runs one AdamW training step of `model`'s transformers twin on `batch` and waits for it."""
+    """A function that runs one AdamW training step of `model`'s transformers twin on `batch`, waiting for it unless
+    called with wait=False."""
     import torch
 
     torch_device = TORCH_DEVICES[device]
@@ -244,13 +265,14 @@ def pytorch_step(batch: dict[str, np.ndarray], model: str = "t5", dtype: str = "
     else:
         inputs = {"input_ids": as_tensor("encoder_input_tokens"), "labels": as_tensor("decoder_target_tokens")}
 
-    def step():
+    def step(wait: bool = True):
         with autocast:
             loss = network(**inputs).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        torch_synchronize(device)
+        if wait:
+            torch_synchronize(device)
 
     return step
 
