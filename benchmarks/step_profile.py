@@ -1,26 +1,33 @@
-"""Where a training step's time goes on this CPU: the XLA operations of T5-small's or GPT-2 small's step
-(train_throughput.py's, with its CPU default `--attention blockwise`), by kind and by pass.
+"""Where a training step's time goes: the XLA operations of T5's or GPT-2's step (train_throughput.py's), on
+this CPU or on a GPU, by kind and by pass.
 
-    python benchmarks/step_profile.py [--model t5|gpt2] [--attention blockwise] [--steps 3] [--batch 8]
-        [--inputs 512] [--targets 114]
+    python benchmarks/step_profile.py [--model t5|t5-base|t5-large|gpt2|gpt2-1b] [--device cpu|gpu]
+        [--dtype float32|bfloat16] [--attention blockwise] [--steps 3] [--batch 8] [--inputs 512] [--targets 114]
 
 The step is compiled and run once, then `--steps` steps run under
-`jax.profiler` with XLA:CPU's per-operation trace events on
-(`--xla_cpu_enable_xprof_traceme`, set here before JAX starts). Each event
-is an operation of the compiled step (a fusion, a dot, a copy), named as in
-its HLO, so the step's HLO classifies it:
+`jax.profiler` (on a GPU dispatched back to back, as the training loop runs
+them). On the CPU each event is an operation of the compiled step (a fusion, a
+dot, a copy), named as in its HLO, traced with XLA:CPU's per-operation events
+(`--xla_cpu_enable_xprof_traceme`, set here before JAX starts); on a GPU each
+event is a kernel, which XLA names after its fusion ('loop_add_fusion_3' for
+'loop_add_fusion.3'), and library kernels (cuBLAS, cuDNN) by their own names.
+The step's HLO classifies each:
 
-- kind: 'matmul (library fusion)' (a dot XLA hands to YNNPACK/XNNPACK/oneDNN
-  as a fusion), 'matmul (dot)' (a dot XLA runs itself), 'reduction fusion',
-  'elementwise fusion', 'copy / transpose', or the operation's HLO opcode;
-- pass: 'forward' (JAX's `jvp`), 'backward' (`transpose(jvp)`), or
-  'update and rest' (the optimizer, the loss glue, the step's bookkeeping).
+- kind: 'matmul (library fusion)' (a dot XLA hands to a library or, on a GPU,
+  to its Triton matmul emitter as a fusion), 'matmul (dot)' (a dot XLA runs
+  itself), 'reduction fusion', 'elementwise fusion', 'copy / transpose', or
+  the operation's HLO opcode; a library's kernel is 'matmul (cuBLAS)',
+  'attention (cuDNN)' or 'other library kernel';
+- pass: 'forward' (JAX's `jvp`), 'backward' (`transpose(jvp)`), or 'update
+  and rest' (the optimizer, the loss glue, the step's bookkeeping); a
+  library's kernels cannot be told apart by pass ('library').
 
 Times are the operations' durations per step, summed: an operation that
 runs on both cores counts once, two operations that run at the same time
-(XLA's concurrency-optimised scheduler) both count, so the sum can exceed
-the step's wall time, which is printed beside it. Prints tables (by kind and
-pass, and the 15 costliest operations); asserts nothing.
+(XLA's concurrency-optimised scheduler, a GPU's streams) both count, so the
+sum can exceed the step's wall time, which is printed beside it (on a GPU
+with the time any kernel ran). Prints tables (by kind and pass, and the 15
+costliest operations); asserts nothing.
 """
 
 from __future__ import annotations
@@ -100,57 +107,87 @@ def _pass(rest: str) -> str:
     return "update and rest"
 
 
-def traced_events(directory: str) -> collections.Counter:
-    """{event name: total ns} on XLA's threads in the newest trace under `directory`."""
+LIBRARY_KERNELS = (("matmul (cuBLAS)", re.compile(r"nvjet|gemm|xmma|cutlass", re.I)),
+                   ("attention (cuDNN)", re.compile(r"cudnn|fmha|sdpa|flash", re.I)))  # fmt: skip
+LIBRARY = "library"  # the pass of a library's kernels
+
+
+def traced_events(directory: str, device: str = "cpu") -> tuple[collections.Counter, int]:
+    """{event name: total ns} of XLA's operations (CPU threads) or kernels (GPU streams) in the newest trace under
+    `directory`, and the ns during which any of them ran."""
     path = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))[-1]
     totals: collections.Counter = collections.Counter()
+    spans = []
     for plane in ProfileData.from_file(path).planes:
+        on_gpu = plane.name.startswith("/device:GPU")
         for line in plane.lines:
-            if line.name.startswith("tf_XLA"):
+            if (device == "gpu" and on_gpu) or (device == "cpu" and line.name.startswith("tf_XLA")):
                 for event in line.events:
                     totals[event.name] += event.duration_ns
-    return totals
+                    spans.append((event.start_ns, event.start_ns + event.duration_ns))
+    busy, end = 0, None
+    for start, stop in sorted(spans):
+        busy += max(0, stop - max(start, end or start))
+        end = max(stop, end or stop)
+    return totals, busy
+
+
+def attributed(events: collections.Counter, operations: dict[str, tuple[str, str]], device: str) -> dict:
+    """{(event name, kind, pass): total ns}: CPU events that are the step's operations, or every GPU kernel, a
+    fusion's by its name and a library's by `LIBRARY_KERNELS`."""
+    if device == "cpu":
+        return {(name, *operations[name]): ns for name, ns in events.items() if name in operations}
+    kernels = {name.replace(".", "_"): kind_and_pass for name, kind_and_pass in operations.items()}
+    library = lambda name: next((kind for kind, pattern in LIBRARY_KERNELS if pattern.search(name)),  # noqa: E731
+                                "other library kernel")  # fmt: skip
+    return {(name, *kernels.get(name, (library(name), LIBRARY))): ns for name, ns in events.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(train_throughput.TITLES), default="t5")
-    parser.add_argument("--attention", choices=ATTENTION_KERNELS, default="blockwise", help="ptmjax's attention_kernel")
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--attention", choices=ATTENTION_KERNELS, help="ptmjax's attention_kernel (default: "
+                        "'blockwise' on the CPU, 'einsum' elsewhere)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inputs", type=int, default=512)
     parser.add_argument("--targets", type=int, default=114, help="T5 only")
     args = parser.parse_args()
+    args.attention = args.attention or ("blockwise" if args.device == "cpu" else "einsum")
+    train_throughput.use_device(args.device)
 
-    trainer = train_throughput.make_trainer(args.model, attention_kernel=args.attention)
+    trainer = train_throughput.make_trainer(args.model, attention_kernel=args.attention, dtype=args.dtype)
     state = trainer.init_state(jax.random.key(0))
     batch = partitioning.global_batch(
         train_throughput.random_batch(args.batch, args.inputs, args.targets, args.model), trainer.mesh
     )  # fmt: skip
-    rng = jax.random.key(1)
-    operations = hlo_operations(trainer.lower_train_step(state, batch, rng).compile().as_text())
-    state, metrics = trainer.train_step(state, batch, rng)
-    jax.block_until_ready(metrics)
+    operations = hlo_operations(trainer.lower_train_step(state, batch, jax.random.key(1)).compile().as_text())
+    step = train_throughput.trainer_step(trainer, state, batch)
+    step()
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
     with tempfile.TemporaryDirectory() as trace_dir:
-        jax.profiler.start_trace(trace_dir)
+        jax.profiler.start_trace(trace_dir, profiler_options=options)
         start = time.perf_counter()
-        for _ in range(args.steps):
-            state, metrics = trainer.train_step(state, batch, rng)
-            jax.block_until_ready(metrics)
+        for i in range(args.steps):
+            step(wait=args.device == "cpu" or i == args.steps - 1)
         wall = (time.perf_counter() - start) / args.steps
         jax.profiler.stop_trace()
-        events = traced_events(trace_dir)
+        events, busy_ns = traced_events(trace_dir, args.device)
 
     by_kind: collections.Counter = collections.Counter()
     by_name: collections.Counter = collections.Counter()
-    for name, ns in events.items():
-        if name in operations:
-            by_kind[operations[name]] += ns / args.steps / 1e6
-            by_name[name] += ns / args.steps / 1e6
+    for (name, kind, pass_), ns in attributed(events, operations, args.device).items():
+        by_kind[(kind, pass_)] += ns / args.steps / 1e6
+        by_name[(name, kind, pass_)] += ns / args.steps / 1e6
     total = sum(by_kind.values())
-    passes = ("forward", "backward", "update and rest")
-    print(f"{train_throughput.TITLES[args.model]}, batch {args.batch}: wall {wall * 1e3:.0f} ms per step; XLA "
-          f"operations {total:.0f} ms per step, summed, on {os.cpu_count()} cores\n")
+    passes = ("forward", "backward", "update and rest") + ((LIBRARY,) if args.device == "gpu" else ())
+    where = f"on {os.cpu_count()} cores" if args.device == "cpu" else (
+        f"on {jax.devices()[0].device_kind}, which ran kernels {busy_ns / args.steps / 1e6:.1f} ms per step")
+    print(f"{train_throughput.TITLES[args.model]}, batch {args.batch}, {args.dtype}, attention {args.attention}: wall "
+          f"{wall * 1e3:.1f} ms per step; XLA operations {total:.1f} ms per step, summed, {where}\n")  # fmt: skip
     kinds = sorted({kind for kind, _ in by_kind}, key=lambda k: -sum(by_kind[(k, p)] for p in passes))
     print(f"{'kind (ms per step)':<28}" + "".join(f"{p:>17}" for p in passes) + f"{'total':>10}{'share':>8}")
     for kind in kinds:
@@ -159,9 +196,8 @@ def main() -> None:
     column = [sum(by_kind[(k, p)] for k in kinds) for p in passes]
     print(f"{'all':<28}" + "".join(f"{v:>17.1f}" for v in column) + f"{total:>10.1f}{1:>8.1%}\n")
     print(f"{'costliest operations':<40}{'kind':<26}{'pass':<17}{'ms per step':>16}")
-    for name, ms in by_name.most_common(15):
-        kind, pass_ = operations[name]
-        print(f"{name[:39]:<40}{kind:<26}{pass_:<17}{ms:>16.1f}")
+    for (name, kind, pass_), ms in by_name.most_common(15):
+        print(f"{name[:39]:<40}{kind:<26}{pass_:<17}{ms:>16.2f}")
 
 
 if __name__ == "__main__":
