@@ -10,7 +10,8 @@ flag, with T5's position bias alone as a [1, heads, q, k] bias; the same rows ma
 segment per row, positions from 0) take the mask folded into a [batch, heads, q, k] bias, whose gradient cuDNN
 writes for every row. The arithmetic is the same and both start from the same state, so the losses match. Both
 run in one process, one after the other, because step times vary by several percent from process to process on
-a GPU. The peak device memory is read after each, so the second is the larger of the two. Prints a table;
+a GPU; step times are train_throughput.py's (`timed_steps`: on an accelerator, rounds of steps dispatched back
+to back). The peak device memory is read after each, so the second is the larger of the two. Prints a table;
 asserts nothing about time.
 """
 
