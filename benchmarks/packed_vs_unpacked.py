@@ -46,10 +46,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--device", choices=sorted(bench.JAX_PLATFORMS), default="cpu")
     parser.add_argument("--attention", choices=bench.ATTENTION_KERNELS, default="xla")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--inputs", type=int, default=512)
-    parser.add_argument("--targets", type=int, default=114, help="T5 only")
+    bench.add_step_arguments(parser)
     args = parser.parse_args()
     bench.use_device(args.device)
 

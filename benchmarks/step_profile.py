@@ -150,10 +150,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--attention", choices=ATTENTION_KERNELS, help="ptmjax's attention_kernel (default: "
                         "'blockwise' on the CPU, 'einsum' elsewhere)")  # fmt: skip
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--inputs", type=int, default=512)
-    parser.add_argument("--targets", type=int, default=114, help="T5 only")
+    train_throughput.add_step_arguments(parser, steps=3)
     args = parser.parse_args()
     args.attention = args.attention or ("blockwise" if args.device == "cpu" else "einsum")
     train_throughput.use_device(args.device)

@@ -302,6 +302,21 @@ def time_in_child(
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def positive_int(text: str) -> int:
+    """argparse's type for a count that must be at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
+def add_step_arguments(parser: argparse.ArgumentParser, steps: int = 5) -> None:
+    """`--steps`, `--batch`, `--inputs` and `--targets`: the timed steps and the batch's shape."""
+    parser.add_argument("--steps", type=positive_int, default=steps)
+    parser.add_argument("--batch", type=positive_int, default=8)
+    parser.add_argument("--inputs", type=positive_int, default=512)
+    parser.add_argument("--targets", type=positive_int, default=114, help="T5 only")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(TITLES), default="t5")
@@ -311,10 +326,7 @@ def main() -> None:
                         "'blockwise' on the CPU, 'einsum' elsewhere)")  # fmt: skip
     parser.add_argument("--remat", choices=sorted(REMAT_POLICIES), default="none", help="ptmjax's remat_policy")
     parser.add_argument("--scan", action="store_true", help="ptmjax's scan_layers")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--inputs", type=int, default=512)
-    parser.add_argument("--targets", type=int, default=114, help="T5 only")
+    add_step_arguments(parser)
     parser.add_argument("--child", choices=["ptmjax", "pytorch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.attention = args.attention or ("blockwise" if args.device == "cpu" else "einsum")
