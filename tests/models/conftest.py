@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ptmjax import gin_files
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import AttentionMask
 from ptmjax.models import EncoderDecoder, GPT2Config, T5Config
@@ -62,6 +61,8 @@ def t5_variables() -> Callable[..., dict]:
 
 def load_gin_config(name: str, config_class: type, **overrides: object) -> object:
     """Parse gin_configs/models/{name}.gin and build config_class(**overrides); leaves gin cleared."""
+    from ptmjax import gin_files  # imports seqio, which the GPU tests here need not (a GPU image may lack it)
+
     gin.clear_config()
     try:
         gin_files.parse_gin([str(GIN_DIR / f"{name}.gin")])  # resolves `include 'models/...'` under gin_configs/
