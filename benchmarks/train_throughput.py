@@ -26,7 +26,9 @@ On the CPU each of `--steps` steps is timed alone (JAX's CPU dispatch is
 synchronous); on an accelerator, three rounds of `--steps` steps are
 dispatched back to back and waited for once, as a training loop does, so that
 the host's dispatch overlaps the device's work (PyTorch's too), and each
-round's mean is a step's time. Each framework runs in a child process of its own. `import ptmjax` sets
+round's mean is a step's time.
+
+Each framework runs in a child process of its own. `import ptmjax` sets
 glibc's malloc to keep freed memory (`ptmjax/host_malloc.py`), which speeds
 PyTorch up too, so PyTorch runs twice: with glibc's defaults, as a PyTorch
 user runs it, and with ptmjax's settings.
