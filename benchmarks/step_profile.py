@@ -125,10 +125,10 @@ def traced_events(directory: str, device: str = "cpu") -> tuple[collections.Coun
                 for event in line.events:
                     totals[event.name] += event.duration_ns
                     spans.append((event.start_ns, event.start_ns + event.duration_ns))
-    busy, end = 0, None
+    busy, end = 0, 0
     for start, stop in sorted(spans):
-        busy += max(0, stop - max(start, end or start))
-        end = max(stop, end or stop)
+        busy += max(0, stop - max(start, end))
+        end = max(end, stop)
     return totals, busy
 
 

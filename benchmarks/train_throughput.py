@@ -208,12 +208,13 @@ def step_seconds(step, steps: int, back_to_back: bool) -> tuple[list[float], Any
     accelerator) ROUNDS rounds of `steps` steps dispatched back to back, waiting for the last only, as a training
     loop does (ptmjax's waits when it logs), each round's seconds divided by `steps`. Timed alone, an accelerator's
     step also counts the host's dispatch, which back to back overlaps the steps before it."""
+    rounds, per_round = (ROUNDS, steps) if back_to_back else (steps, 1)
     times = []
-    for _ in range(ROUNDS if back_to_back else steps):
+    for _ in range(rounds):
         start = time.perf_counter()
-        for i in range(steps if back_to_back else 1):
-            result = step(wait=not back_to_back or i == steps - 1)
-        times.append((time.perf_counter() - start) / (steps if back_to_back else 1))
+        for i in range(per_round):
+            result = step(wait=i == per_round - 1)
+        times.append((time.perf_counter() - start) / per_round)
     return times, result
 
 
