@@ -125,11 +125,16 @@ def traced_events(directory: str, device: str = "cpu") -> tuple[collections.Coun
                 for event in line.events:
                     totals[event.name] += event.duration_ns
                     spans.append((event.start_ns, event.start_ns + event.duration_ns))
-    busy, end = 0, 0
+    return totals, covered_ns(spans)
+
+
+def covered_ns(spans: list[tuple[int, int]]) -> int:
+    """The ns that at least one of the (start, stop) spans covers."""
+    covered, end = 0, 0
     for start, stop in sorted(spans):
-        busy += max(0, stop - max(start, end))
+        covered += max(0, stop - max(start, end))
         end = max(end, stop)
-    return totals, busy
+    return covered
 
 
 def attributed(events: collections.Counter, operations: dict[str, tuple[str, str]], device: str) -> dict:
