@@ -4,8 +4,10 @@ Hugging Face PyTorch, sampled by Linux `perf`.
     python benchmarks/cpu_time_split.py [--model t5|gpt2] [--steps 4] [--frequency 499]
 
 Each framework runs `train_throughput.py`'s CPU step (float32, ptmjax with
-'blockwise' attention) in a child process of its own: PyTorch twice, with
-glibc's malloc defaults and with the settings `import ptmjax` makes. After a
+'blockwise' attention) in a child process of its own, in the environments of
+`train_throughput.child_runs`: ptmjax as `ptmjax train` runs it (and without
+huge pages where they apply), PyTorch with glibc's malloc defaults and with
+ptmjax's settings. After a
 warm-up step the child records itself with `perf record` over `--steps`
 steps, and times each step's wall and CPU seconds (all threads, user and
 system). `perf report` then attributes the samples to symbols; those of the
@@ -33,12 +35,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import train_throughput  # noqa: E402
+
 MATMUL_SYMBOLS = re.compile(r"sgemm|gemm_pack|gebp|ynn::dot_|xnn_f32_gemm|brgemm")
-FRAMEWORKS = {  # row -> (child framework, PTMJAX_KEEP_FREED_MEMORY)
-    "ptmjax (JAX/XLA)": ("ptmjax", "1"),
-    "Hugging Face (PyTorch)": ("pytorch", "0"),
-    "PyTorch, ptmjax's malloc": ("pytorch", "1"),
-}
 
 
 @contextlib.contextmanager
@@ -64,13 +63,11 @@ def matmul_share(path: str) -> float:
 
 def run_child(framework: str, model: str, steps: int, frequency: int) -> dict:
     """The median wall and CPU seconds of `framework`'s step on train_throughput.py's batch, and its matmul share."""
-    import train_throughput as bench
-
-    batch = bench.random_batch(8, 512, 114, model)
+    batch = train_throughput.random_batch(8, 512, 114, model)
     if framework == "pytorch":
-        step = bench.pytorch_step(batch, model)
+        step = train_throughput.pytorch_step(batch, model)
     else:
-        step = bench.ptmjax_step(batch, model, attention_kernel="blockwise")
+        step = train_throughput.ptmjax_step(batch, model, attention_kernel="blockwise")
     step()  # compile and warm up
     walls, cpus = [], []
     with tempfile.TemporaryDirectory() as directory:
@@ -91,8 +88,9 @@ def run_child(framework: str, model: str, steps: int, frequency: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["t5", "gpt2"], default="t5")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--frequency", type=int, default=499, help="perf's samples per second")
+    count = train_throughput.positive_int
+    parser.add_argument("--steps", type=count, default=4)
+    parser.add_argument("--frequency", type=count, default=499, help="perf's samples per second")
     parser.add_argument("--child", choices=["ptmjax", "pytorch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -103,8 +101,7 @@ def main() -> None:
     print(f"{args.model}, train_throughput.py's CPU step, float32, median of {args.steps} steps per framework; "
           f"{os.cpu_count()} CPU cores\n")
     print(f"{'framework':<26}{'step s':>8}{'CPU s':>8}{'cores busy':>12}{'matmul CPU s':>14}{'other CPU s':>13}")
-    for name, (framework, keep_freed_memory) in FRAMEWORKS.items():
-        env = {**os.environ, "PTMJAX_KEEP_FREED_MEMORY": keep_freed_memory, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    for name, (framework, env) in train_throughput.child_runs(on_cpu=True).items():
         out = subprocess.run([sys.executable, __file__, "--child", framework, "--model", args.model, "--steps",
                               str(args.steps), "--frequency", str(args.frequency)], env=env, stdout=subprocess.PIPE,
                              text=True)  # fmt: skip  (its errors go to this stderr)

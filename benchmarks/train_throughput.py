@@ -28,10 +28,14 @@ dispatched back to back and waited for once, as a training loop does, so that
 the host's dispatch overlaps the device's work (PyTorch's too), and each
 round's mean is a step's time.
 
-Each framework runs in a child process of its own. `import ptmjax` sets
-glibc's malloc to keep freed memory (`ptmjax/host_malloc.py`), which speeds
-PyTorch up too, so PyTorch runs twice: with glibc's defaults, as a PyTorch
-user runs it, and with ptmjax's settings.
+Each framework runs in a child process of its own (`child_runs`). `import
+ptmjax` sets glibc's malloc to keep freed memory, and the `ptmjax` command
+starts itself again with glibc's heaps on transparent huge pages where the
+kernel gives them only on request (`ptmjax/host_malloc.py`). On the CPU,
+ptmjax's child runs as `ptmjax train` does, and where huge pages apply also
+without them, as `import ptmjax` in a notebook does; PyTorch's runs twice:
+with glibc's defaults, as a PyTorch user runs it, and with ptmjax's settings,
+which speed it up too.
 Prints a table; asserts nothing about time.
 """
 
@@ -53,7 +57,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ptmjax import partitioning  # noqa: E402
+from ptmjax import host_malloc, partitioning  # noqa: E402
 from ptmjax.layers.attention import ATTENTION_KERNELS  # noqa: E402
 from ptmjax.layers.layer_stack import REMAT_POLICIES  # noqa: E402
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config  # noqa: E402
@@ -286,20 +290,26 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-PYTORCH_MALLOC = {"Hugging Face (PyTorch)": "0", "PyTorch, ptmjax's malloc": "1"}  # PTMJAX_KEEP_FREED_MEMORY
+def child_runs(on_cpu: bool) -> dict[str, tuple[str, dict[str, str]]]:
+    """Each row's framework and the environment of its child process (see the module docstring)."""
+    base = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}  # the child may preallocate
+    if not on_cpu:
+        return {"ptmjax (JAX/XLA)": ("ptmjax", base), "Hugging Face (PyTorch)": ("pytorch", base)}
+    ptmjax_malloc = {**base, "PTMJAX_KEEP_FREED_MEMORY": "1"}
+    huge_pages = host_malloc.huge_page_environment(ptmjax_malloc)
+    runs = {"ptmjax (JAX/XLA)": ("ptmjax", huge_pages or ptmjax_malloc)}
+    if huge_pages:
+        runs["ptmjax, no huge pages"] = ("ptmjax", ptmjax_malloc)
+    runs["Hugging Face (PyTorch)"] = ("pytorch", {**base, "PTMJAX_KEEP_FREED_MEMORY": "0"})
+    runs["PyTorch, ptmjax's malloc"] = ("pytorch", huge_pages or ptmjax_malloc)
+    return runs
 
 
-def time_in_child(
-    args: argparse.Namespace, framework: str, keep_freed_memory: str | None = None
-) -> tuple[list[float], int | None] | None:
-    """`framework`'s step times and peak device bytes from a child process, whose glibc malloc `import ptmjax` sets
-    as `keep_freed_memory` says (None: as this process's environment says)."""
+def time_in_child(args: argparse.Namespace, framework: str, env: dict[str, str]) -> tuple[list[float], int | None]:
+    """`framework`'s step times and peak device bytes from a child process run in `env`."""
     sizes = ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--attention", args.attention,
              "--remat", args.remat, *(["--scan"] if args.scan else []), "--steps", str(args.steps),
              "--batch", str(args.batch), "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}  # the child may preallocate
-    if keep_freed_memory is not None:
-        env["PTMJAX_KEEP_FREED_MEMORY"] = keep_freed_memory
     out = subprocess.run([sys.executable, __file__, "--child", framework, *sizes], env=env, stdout=subprocess.PIPE,
                          text=True, check=True)  # fmt: skip  (its errors and progress go to this stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -362,9 +372,7 @@ def main() -> None:
           + ", ".join(f"{k} {v / 1e12:.3f}" for k, v in peaks.items())
           + f" TFLOP/s; peak = {peak / 1e12:.3f} TFLOP/s\n")
 
-    rows = {"ptmjax (JAX/XLA)": time_in_child(args, "ptmjax")}
-    for name, keep_freed_memory in PYTORCH_MALLOC.items() if on_cpu else [("Hugging Face (PyTorch)", None)]:
-        rows[name] = time_in_child(args, "pytorch", keep_freed_memory)
+    rows = {name: time_in_child(args, framework, env) for name, (framework, env) in child_runs(on_cpu).items()}
     measured = {name: row for name, row in rows.items() if row is not None}
     memory = "" if on_cpu else f"{'peak GiB':>10}"
     print(f"{'framework':<26}{'step s (median)':>16}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}{memory}")
@@ -381,8 +389,8 @@ def main() -> None:
     for name in list(medians)[1:]:
         print(f"ptmjax tokens/s over {name} tokens/s: {medians[name] / medians['ptmjax (JAX/XLA)']:.2f}x")
     if on_cpu:
-        print("(each framework runs in a child process of its own; PyTorch twice: with glibc's malloc defaults, as its "
-              "users run it, and with the settings `import ptmjax` makes, ptmjax/host_malloc.py)")
+        print("(each framework runs in a child process of its own: ptmjax as `ptmjax train` runs it; PyTorch with "
+              "glibc's malloc defaults, as its users run it, and with ptmjax's malloc settings, ptmjax/host_malloc.py)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 import sys
 
-from ptmjax.cli import main
+from ptmjax.cli import command
 
 if __name__ == "__main__":
-    sys.exit(main(["train", *sys.argv[1:]]))
+    sys.exit(command(["train"]))

@@ -1,6 +1,7 @@
 """The benchmarks' shared timing and attribution: `train_throughput.step_seconds` waits as a training loop does,
-`step_profile` attributes a GPU trace's kernels to their fusions or libraries and counts the time any ran, and a
-count below 1 is refused in one line before anything is measured."""
+`step_profile` attributes a GPU trace's kernels to their fusions or libraries and counts the time any ran, each
+framework's child runs in its users' environment, and a count below 1 is refused in one line before anything is
+measured."""
 
 import os
 import subprocess
@@ -72,8 +73,33 @@ def test_covered_time_counts_overlaps_once(benchmarks):
     assert step_profile.covered_ns([]) == 0
 
 
+@pytest.mark.parametrize("kernel", ["madvise", "always"])
+def test_children_run_as_their_users_run_them(benchmarks, monkeypatch, kernel):
+    """ptmjax's row as `ptmjax train` runs (huge pages where the kernel's are on request, and then a row without);
+    PyTorch's with glibc's defaults and with ptmjax's settings, huge pages included."""
+    from ptmjax import host_malloc
+
+    train_throughput, _ = benchmarks
+    monkeypatch.setattr(host_malloc, "_glibc_version", lambda: (2, 36))
+    monkeypatch.setattr(host_malloc, "_transparent_huge_pages", lambda: kernel)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    runs = {name: (framework, env.get("PTMJAX_KEEP_FREED_MEMORY"), env.get("GLIBC_TUNABLES"))
+            for name, (framework, env) in train_throughput.child_runs(on_cpu=True).items()}  # fmt: skip
+    huge_pages = "glibc.malloc.hugetlb=1" if kernel == "madvise" else None
+    expected = {
+        "ptmjax (JAX/XLA)": ("ptmjax", "1", huge_pages),
+        "ptmjax, no huge pages": ("ptmjax", "1", None),
+        "Hugging Face (PyTorch)": ("pytorch", "0", None),
+        "PyTorch, ptmjax's malloc": ("pytorch", "1", huge_pages),
+    }
+    if not huge_pages:
+        del expected["ptmjax, no huge pages"]
+    assert runs == expected
+
+
 @pytest.mark.parametrize("script, argument", [("train_throughput.py", "--steps=0"), ("step_profile.py", "--batch=-2"),
-                                              ("packed_vs_unpacked.py", "--inputs=1.5")])  # fmt: skip
+                                              ("packed_vs_unpacked.py", "--inputs=1.5"),
+                                              ("cpu_time_split.py", "--frequency=0")])  # fmt: skip
 def test_a_count_below_one_is_refused_in_one_line_before_anything_runs(script, argument):
     out = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), argument], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
