@@ -42,5 +42,5 @@ setuptools.setup(
         # (no TPU) to compile for TPU topologies.
         "tpu": ["libtpu==0.0.42.*"],
     },
-    entry_points={"console_scripts": ["ptmjax=ptmjax.cli:command"]},
+    entry_points={"console_scripts": ["ptmjax=ptmjax.cli:main"]},
 )

@@ -5,9 +5,8 @@ Hugging Face PyTorch, sampled by Linux `perf`.
 
 Each framework runs `train_throughput.py`'s CPU step (float32, ptmjax with
 'blockwise' attention) in a child process of its own, in the environments of
-`train_throughput.child_runs`: ptmjax as `ptmjax train` runs it (and without
-huge pages where they apply), PyTorch with glibc's malloc defaults and with
-ptmjax's settings. After a
+`train_throughput.child_runs`: PyTorch twice, with glibc's malloc defaults and
+with the settings `import ptmjax` makes. After a
 warm-up step the child records itself with `perf record` over `--steps`
 steps, and times each step's wall and CPU seconds (all threads, user and
 system). `perf report` then attributes the samples to symbols; those of the

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ptmjax import host_malloc, tensorflow_import
+from ptmjax import tensorflow_import
 
 DEFAULT_GIN_FILE = "runs/demo.gin"
 TRACEBACK_HELP = "show the full traceback of an error (also: PTMJAX_TRACEBACK=1)"
@@ -277,13 +277,6 @@ def run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def command(argv: Sequence[str] = ()) -> int:
-    """The `ptmjax` command: `main` on `argv` and the command line's arguments, in this process started again with
-    huge-page heaps where they help (host_malloc.restart_with_huge_pages)."""
-    host_malloc.restart_with_huge_pages()
-    return main([*argv, *sys.argv[1:]])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     tensorflow_import.hold_back(tensorflow_import.KERAS_EXTRAS)  # before anything imports TensorFlow
     args = _parser().parse_args(argv)
@@ -335,4 +328,4 @@ def _run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(command())
+    sys.exit(main())

@@ -30,18 +30,6 @@ ROCm plugin) is installed and `JAX_PLATFORMS` does not pick the CPU: there
 host memory holds only the input pipeline, whose threads are better served by
 glibc's defaults. `PTMJAX_KEEP_FREED_MEMORY=0` turns it off, `=1` forces it.
 `import ptmjax` calls it, before JAX starts its CPU client where it can.
-
-Memory kept and reused is also worth backing with transparent huge pages:
-fewer TLB misses in the step's memory-bound work. Where the kernel gives them
-only to memory that asks (`/sys/kernel/mm/transparent_hugepage/enabled` on
-`madvise`), glibc asks for its heaps with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`
-(glibc 2.35 and newer), a setting it reads only when a process starts. So the
-`ptmjax` command starts itself again with it (`restart_with_huge_pages`): a
-T5-small training step on a 2-core Xeon took 5-16% less time
-(docs/performance.md). A user's own `glibc.malloc.hugetlb` setting, 0
-included, is kept; in a notebook, start Jupyter with the variable set. PyTorch
-as its users run it (glibc's defaults, memory unmapped at `free`) loses with
-it: each step faults its fresh memory in as huge pages again.
 """
 
 from __future__ import annotations
@@ -52,8 +40,6 @@ import importlib.util
 import os
 import pkgutil
 import platform
-import sys
-from collections.abc import Mapping
 
 ENVIRONMENT_VARIABLE = "PTMJAX_KEEP_FREED_MEMORY"
 ASYNC_DISPATCH_VARIABLE = "JAX_CPU_ENABLE_ASYNC_DISPATCH"
@@ -61,15 +47,16 @@ _BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "fals
 # mallopt parameters, from glibc's malloc.h
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
 HEAP_MAX_BYTES = 64 << 20  # a thread arena's heap on 64-bit glibc (2 * DEFAULT_MMAP_THRESHOLD_MAX)
-TUNABLES_VARIABLE = "GLIBC_TUNABLES"
-HUGE_PAGE_TUNABLE = "glibc.malloc.hugetlb"
-HUGE_PAGE_GLIBC = (2, 35)  # the first glibc with glibc.malloc.hugetlb
-TRANSPARENT_HUGE_PAGES = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
 def install() -> bool:
     """Applies the settings when this process's JAX computes on the CPU; whether they were applied."""
-    if not applies():
+    choice = os.environ.get(ENVIRONMENT_VARIABLE, "auto")
+    if choice not in ("0", "1", "auto"):
+        raise ValueError(f"{ENVIRONMENT_VARIABLE}={choice!r}: use 0 (glibc's defaults), 1 (always) or unset (auto)")
+    if choice == "0" or platform.libc_ver()[0] != "glibc":
+        return False
+    if choice == "auto" and not _computes_on_cpu():
         return False
     mallopt = ctypes.CDLL(None).mallopt
     # M_TRIM_THRESHOLD is a size_t: -1 is its largest, never trim. A thread arena's empty extra heap is unmapped
@@ -79,56 +66,6 @@ def install() -> bool:
         return False
     _set_async_dispatch()
     return True
-
-
-def applies(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether `install()` applies the settings in a process with `environ`: on glibc, where
-    PTMJAX_KEEP_FREED_MEMORY is 1, or unset and JAX computes on the CPU."""
-    choice = environ.get(ENVIRONMENT_VARIABLE, "auto")
-    if choice not in ("0", "1", "auto"):
-        raise ValueError(f"{ENVIRONMENT_VARIABLE}={choice!r}: use 0 (glibc's defaults), 1 (always) or unset (auto)")
-    if choice == "0" or platform.libc_ver()[0] != "glibc":
-        return False
-    return choice == "1" or _computes_on_cpu(environ)
-
-
-def huge_page_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str] | None:
-    """`environ` with glibc's heaps backed by transparent huge pages, or None where that changes nothing: where the
-    settings do not apply, glibc is older than 2.35, the kernel's huge pages are not on `madvise`, or
-    `GLIBC_TUNABLES` already sets `glibc.malloc.hugetlb`."""
-    tunables = environ.get(TUNABLES_VARIABLE, "")
-    if any(item.split("=")[0] == HUGE_PAGE_TUNABLE for item in tunables.split(":")):
-        return None
-    if not applies(environ) or _glibc_version() < HUGE_PAGE_GLIBC or _transparent_huge_pages() != "madvise":
-        return None
-    return {**environ, TUNABLES_VARIABLE: ":".join(filter(None, [tunables, f"{HUGE_PAGE_TUNABLE}=1"]))}
-
-
-def restart_with_huge_pages() -> None:
-    """Replaces this process with itself started again (the same interpreter, options and arguments) in
-    `huge_page_environment()`, where that is not None; the command line's entry points call it before anything
-    else. The process keeps its id, so a signal sent to it still reaches the command."""
-    environment = huge_page_environment()
-    if environment is None or not sys.orig_argv:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, sys.orig_argv, environment)
-
-
-def _glibc_version() -> tuple[int, ...]:
-    version = platform.libc_ver()[1]
-    return tuple(int(part) for part in version.split(".") if part.isdigit()) if version else ()
-
-
-def _transparent_huge_pages() -> str | None:
-    """The kernel's transparent huge page mode (always, madvise or never), None where it does not say."""
-    try:
-        with open(TRANSPARENT_HUGE_PAGES) as file:
-            modes = file.read().split()
-    except OSError:
-        return None
-    return next((mode[1:-1] for mode in modes if mode.startswith("[")), None)
 
 
 def _set_async_dispatch() -> None:
@@ -143,8 +80,8 @@ def _set_async_dispatch() -> None:
     jax.config.update("jax_cpu_enable_async_dispatch", _BOOLEANS[choice])
 
 
-def _computes_on_cpu(environ: Mapping[str, str]) -> bool:
-    platforms = environ.get("JAX_PLATFORMS") or environ.get("JAX_PLATFORM_NAME") or ""
+def _computes_on_cpu() -> bool:
+    platforms = os.environ.get("JAX_PLATFORMS") or os.environ.get("JAX_PLATFORM_NAME") or ""
     if platforms:
         return platforms.split(",")[0].strip() == "cpu"
     return not _accelerator_plugin_installed()

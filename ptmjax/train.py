@@ -2,7 +2,7 @@
 
 import sys
 
-from ptmjax.cli import command
+from ptmjax.cli import main
 
 if __name__ == "__main__":
-    sys.exit(command(["train"]))
+    sys.exit(main(["train", *sys.argv[1:]]))

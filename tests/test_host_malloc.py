@@ -8,8 +8,6 @@ import sys
 
 import pytest
 
-from ptmjax import host_malloc
-
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 
 # The scripts' start: ptmjax imported, glibc's malloc and free callable through ctypes.
@@ -125,66 +123,3 @@ def test_a_bad_async_dispatch_setting_is_named():
     out = subprocess.run([sys.executable, "-c", "import ptmjax"], env=env, capture_output=True, text=True)
     assert out.returncode != 0
     assert "JAX_CPU_ENABLE_ASYNC_DISPATCH='sometimes': use true or false" in out.stderr
-
-
-# Prints its GLIBC_TUNABLES each time it starts, then restarts for huge pages; then allocates and touches 64 MiB of
-# heap and prints how many bytes of the process's anonymous memory huge pages gained.
-RESTART_HUGE_PAGE_BYTES = """
-import os, sys
-print("started", os.environ.get("GLIBC_TUNABLES"), flush=True)
-from ptmjax import host_malloc
-host_malloc.restart_with_huge_pages()
-""" + LIBC + """
-def huge_page_bytes():
-    with open("/proc/self/smaps_rollup") as smaps:
-        return next(int(line.split()[1]) << 10 for line in smaps if line.startswith("AnonHugePages:"))
-before = huge_page_bytes()
-buffer = libc.malloc(64 << 20)
-ctypes.memset(buffer, 1, 64 << 20)
-print(huge_page_bytes() - before)
-"""
-
-huge_pages_on_madvise = pytest.mark.skipif(
-    host_malloc._glibc_version() < host_malloc.HUGE_PAGE_GLIBC or host_malloc._transparent_huge_pages() != "madvise",
-    reason="glibc's heaps ask for huge pages on glibc 2.35 and newer, where the kernel's are on madvise",
-)
-
-
-@huge_pages_on_madvise
-def test_the_command_restarts_once_with_heaps_on_huge_pages():
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", RESTART_HUGE_PAGE_BYTES], env={**env, "PTMJAX_KEEP_FREED_MEMORY": "1"},
-                         capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
-    assert out[:2] == ["started None", "started glibc.malloc.hugetlb=1"]
-    assert int(out[2]) >= 48 << 20  # most of the 64 MiB on 2 MiB pages
-    user_says_no = {**env, "PTMJAX_KEEP_FREED_MEMORY": "1", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
-    out = subprocess.run([sys.executable, "-c", RESTART_HUGE_PAGE_BYTES], env=user_says_no,
-                         capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
-    assert out[0] == "started glibc.malloc.hugetlb=0" and len(out) == 2  # not restarted
-    assert int(out[1]) < 8 << 20
-
-
-@pytest.mark.parametrize(
-    ("environ", "glibc", "kernel", "expected"),
-    [
-        ({}, (2, 36), "madvise", "glibc.malloc.hugetlb=1"),
-        ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, (2, 36), "madvise",
-         "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
-        ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, (2, 36), "madvise", None),  # the user's own choice
-        ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}, (2, 36), "madvise", None),
-        ({"PTMJAX_KEEP_FREED_MEMORY": "0"}, (2, 36), "madvise", None),  # freed memory not kept: huge pages lose
-        ({"JAX_PLATFORMS": "cuda"}, (2, 36), "madvise", None),
-        ({}, (2, 34), "madvise", None),  # no such tunable
-        ({}, (2, 36), "always", None),  # huge pages already
-        ({}, (2, 36), "never", None),
-        ({}, (2, 36), None, None),
-    ],
-)  # fmt: skip
-def test_huge_page_environment(monkeypatch, environ, glibc, kernel, expected):
-    monkeypatch.setattr(host_malloc, "_glibc_version", lambda: glibc)
-    monkeypatch.setattr(host_malloc, "_transparent_huge_pages", lambda: kernel)
-    environ = {"JAX_PLATFORMS": "cpu", **environ}
-    environment = host_malloc.huge_page_environment(environ)
-    assert (environment and environment["GLIBC_TUNABLES"]) == expected
-    if environment:  # the rest kept
-        assert {**environment, "GLIBC_TUNABLES": None} == {**environ, "GLIBC_TUNABLES": None}
