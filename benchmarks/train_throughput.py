@@ -298,8 +298,11 @@ def child_runs(on_cpu: bool) -> dict[str, tuple[str, dict[str, str]]]:
     }
 
 
-def time_in_child(args: argparse.Namespace, framework: str, env: dict[str, str]) -> tuple[list[float], int | None]:
-    """`framework`'s step times and peak device bytes from a child process run in `env`."""
+def time_in_child(
+    args: argparse.Namespace, framework: str, env: dict[str, str]
+) -> tuple[list[float], int | None] | None:
+    """`framework`'s step times and peak device bytes from a child process run in `env` (None where PyTorch is not
+    installed)."""
     sizes = ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--attention", args.attention,
              "--remat", args.remat, *(["--scan"] if args.scan else []), "--steps", str(args.steps),
              "--batch", str(args.batch), "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
