@@ -106,7 +106,15 @@ def get_dataset(
     else:
         dataset = dataset.batch(batch_size, drop_remainder=True)
     dataset = dataset.map(lambda batch: {k: tf.cast(v, tf.int32) for k, v in batch.items()})
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(_WITHOUT_AUTOTUNE_THREAD)
+
+
+# tf.data's autotuning thread waits between optimisations for a period that doubles up to 60 s, and
+# deleting an iterator sometimes waits out that period (the wake-up is lost when the thread is busy
+# optimising): a run's training iterator then held up the end of `ptmjax train` for up to a minute.
+# Without autotuning, AUTOTUNE parallelism is the number of cores (measured: docs/performance.md).
+_WITHOUT_AUTOTUNE_THREAD = tf.data.Options()
+_WITHOUT_AUTOTUNE_THREAD.autotune.enabled = False
 
 
 def _pad_rows(batch: dict[str, tf.Tensor], batch_size: int) -> dict[str, tf.Tensor]:

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import seqio
+import tensorflow as tf
 
 from ptmjax.data import corpus, pipeline, tasks, vocabularies
 from ptmjax.objectives import span_corruption
@@ -78,6 +79,18 @@ def test_deterministic_per_seed():
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
     assert not np.array_equal(first[0]["encoder_input_tokens"], other[0]["encoder_input_tokens"])
+
+
+def test_no_autotune_thread_and_the_same_batches_as_with_one():
+    """Deleting an iterator could wait out the autotuning thread's period (up to 60 s) at the end of a run."""
+    make = functools.partial(pipeline.get_dataset, tasks.STDLIB_TASK, "train", LENGTHS, 4, seed=3, shuffle=True)
+    assert make().options().autotune.enabled is False
+    autotuned = tf.data.Options()
+    autotuned.autotune.enabled = True
+    expected = list(itertools.islice(make().with_options(autotuned).as_numpy_iterator(), 3))
+    for got, want in zip(itertools.islice(make().as_numpy_iterator(), 3), expected, strict=True):
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
 
 
 def test_resumable_iterator_matches_a_fresh_one():
