@@ -106,15 +106,20 @@ def get_dataset(
     else:
         dataset = dataset.batch(batch_size, drop_remainder=True)
     dataset = dataset.map(lambda batch: {k: tf.cast(v, tf.int32) for k, v in batch.items()})
-    return dataset.prefetch(tf.data.AUTOTUNE).with_options(_WITHOUT_AUTOTUNE_THREAD)
+    return without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
 
 
-# tf.data's autotuning thread waits between optimisations for a period that doubles up to 60 s, and
-# deleting an iterator sometimes waits out that period (the wake-up is lost when the thread is busy
-# optimising): a run's training iterator then held up the end of `ptmjax train` for up to a minute.
-# Without autotuning, AUTOTUNE parallelism is the number of cores (measured: docs/performance.md).
-_WITHOUT_AUTOTUNE_THREAD = tf.data.Options()
-_WITHOUT_AUTOTUNE_THREAD.autotune.enabled = False
+def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` without tf.data's autotuning thread, for any iterator read over minutes.
+
+    That thread optimises on a period that doubles up to 60 s, and deleting an iterator sometimes waits
+    the period out (the wake-up is lost while the thread optimises): a run's training iterator held up
+    the end of `ptmjax train` by up to a minute. Without it, AUTOTUNE parallelism is the number of cores
+    and the elements are the same (measured: docs/performance.md).
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 def _pad_rows(batch: dict[str, tf.Tensor], batch_size: int) -> dict[str, tf.Tensor]:

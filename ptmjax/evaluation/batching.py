@@ -19,6 +19,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, Sharding
 
 from ptmjax import partitioning
+from ptmjax.data.pipeline import without_autotuning
 from ptmjax.inference.batching import padded
 
 
@@ -44,7 +45,7 @@ def check_arguments(mesh: Mesh, batch_size: int, max_examples: int | None) -> No
 
 def padded_batches(dataset: tf.data.Dataset, batch_size: int) -> Iterator[Batch]:
     """`dataset` of (index, {name: [length]}) in batches of exactly `batch_size` rows (see the module doc)."""
-    for indices, features in dataset.batch(batch_size).as_numpy_iterator():
+    for indices, features in without_autotuning(dataset.batch(batch_size)).as_numpy_iterator():
         yield Batch(indices, padded(features, batch_size), len(indices))
 
 

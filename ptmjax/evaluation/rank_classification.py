@@ -45,7 +45,8 @@ def candidate_rows(
 
     spec = tf.TensorSpec([None], tf.int32)
     dataset = tf.data.Dataset.from_generator(pairs, output_signature={"inputs": spec, "targets": spec})
-    return converter(dataset, dict(task_feature_lengths)).batch(batch_size).as_numpy_iterator()
+    batches = converter(dataset, dict(task_feature_lengths)).batch(batch_size)
+    return pipeline.without_autotuning(batches).as_numpy_iterator()
 
 
 def candidate_log_likelihoods(
