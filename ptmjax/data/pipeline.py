@@ -9,6 +9,8 @@ number of batches consumed, and resuming rebuilds the dataset and skips.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
@@ -90,17 +92,18 @@ def get_dataset(
     missing = set(feature_converter.TASK_FEATURES) - set(task_feature_lengths)
     if missing:
         raise ValueError(f"task_feature_lengths {dict(task_feature_lengths)} lacks {sorted(missing)}")
-    dataset = seqio.get_dataset(
-        provider,
-        task_feature_lengths=dict(task_feature_lengths),
-        feature_converter=feature_converter(pack=pack),
-        dataset_split=split,
-        shuffle=shuffle,
-        num_epochs=num_epochs,
-        shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
-        seed=seed,
-        verbose=False,
-    )
+    with _uncached_source_advice_dropped():
+        dataset = seqio.get_dataset(
+            provider,
+            task_feature_lengths=dict(task_feature_lengths),
+            feature_converter=feature_converter(pack=pack),
+            dataset_split=split,
+            shuffle=shuffle,
+            num_epochs=num_epochs,
+            shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
+            seed=seed,
+            verbose=False,
+        )
     if pad_final_batch:
         dataset = dataset.batch(batch_size).map(lambda batch: _pad_rows(batch, batch_size))
     else:
@@ -120,6 +123,29 @@ def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.autotune.enabled = False
     return dataset.with_options(options)
+
+
+UNCACHED_SOURCE_ADVICE = "Using an uncached FunctionDataset for training"
+
+
+@contextlib.contextmanager
+def _uncached_source_advice_dropped():
+    """Drops seqio's warning that a shuffled FunctionDataSource repeats data on restarts: cache the task.
+
+    It holds where a restart reshuffles from the start. Here a restart rebuilds the same seeded
+    pipeline and skips the batches it has consumed (`ResumableIterator`), so it reads what an
+    uninterrupted run reads next; the warning, printed for every task built, would only mislead.
+    """
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(_not_uncached_source_advice)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(_not_uncached_source_advice)
+
+
+def _not_uncached_source_advice(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(UNCACHED_SOURCE_ADVICE)
 
 
 def _pad_rows(batch: dict[str, tf.Tensor], batch_size: int) -> dict[str, tf.Tensor]:

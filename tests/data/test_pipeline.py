@@ -3,6 +3,7 @@
 import functools
 import itertools
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -91,6 +92,21 @@ def test_no_autotune_thread_and_the_same_batches_as_with_one():
     for got, want in zip(itertools.islice(make().as_numpy_iterator(), 3), expected, strict=True):
         for k in want:
             np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_seqio_advice_to_cache_a_shuffled_task_is_dropped_while_building_a_pipeline(caplog):
+    """A restart skips to its position in the same seeded pipeline, so seqio's advice does not apply."""
+    task = seqio.get_mixture_or_task(tasks.STDLIB_TASK)
+    with caplog.at_level(logging.WARNING):
+        task.get_dataset(LENGTHS, split="train", shuffle=True, seed=0)
+    assert pipeline.UNCACHED_SOURCE_ADVICE in caplog.text  # what seqio says
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        batches(tasks.STDLIB_TASK, 1)
+        batches(tasks.PRETRAIN_MIXTURE, 1)
+        assert pipeline.UNCACHED_SOURCE_ADVICE not in caplog.text
+        task.get_dataset(LENGTHS, split="train", shuffle=True, seed=0)  # outside the pipeline: seqio's again
+    assert pipeline.UNCACHED_SOURCE_ADVICE in caplog.text
 
 
 def test_resumable_iterator_matches_a_fresh_one():
