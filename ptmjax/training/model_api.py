@@ -71,11 +71,12 @@ class ConverterName:
 
 @functools.cache
 def _converter_class(module: str, name: str, pad_id: int | None) -> type[seqio.FeatureConverter]:
-    """The class itself, the same object on every call (families compare converters by identity)."""
+    """The class, built without AutoGraph (ptmjax/data/without_autograph.py): the same object on every call
+    (families compare converters by identity)."""
     converter = getattr(importlib.import_module(module), name)
-    if pad_id is None:
-        return converter
-    return importlib.import_module(HEAD_CONVERTERS).padded_with(converter, pad_id)
+    if pad_id is not None:
+        converter = importlib.import_module(HEAD_CONVERTERS).padded_with(converter, pad_id)
+    return importlib.import_module("ptmjax.data.without_autograph").without_autograph_converter(converter)
 
 
 @dataclasses.dataclass(frozen=True)

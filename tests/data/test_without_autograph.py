@@ -1,4 +1,5 @@
-"""Preprocessors built without AutoGraph: the same examples as with it, and a loud error where it is needed."""
+"""Preprocessors and feature converters built without AutoGraph: the same examples and batches as with it, and a
+loud error where it is needed."""
 
 import functools
 import inspect
@@ -12,7 +13,8 @@ import tensorflow as tf
 import ptmjax.data.classification_head_task  # noqa: F401 - registers the tasks compared below
 import ptmjax.data.objective_tasks  # noqa: F401
 import ptmjax.data.summary_tasks  # noqa: F401
-from ptmjax.data.without_autograph import without_autograph
+from ptmjax.data import pipeline
+from ptmjax.data.without_autograph import without_autograph, without_autograph_converter
 
 LENGTHS = {"inputs": 64, "targets": 64}
 _NOT_CONVERTED = tf.autograph.experimental.do_not_convert(lambda: None).__code__  # every such wrapper's code
@@ -86,3 +88,52 @@ def test_seqio_still_passes_the_arguments_a_wrapped_partial_takes():
     assert list(inspect.signature(wrapped).parameters) == ["dataset", "sequence_length", "feature"]
     dataset = tf.data.Dataset.from_tensors({"targets": tf.range(5)})
     assert next(wrapped(dataset, sequence_length={"targets": 2}).as_numpy_iterator())["targets"].tolist() == [0, 1]
+
+
+# Demos whose families between them use every kind of feature converter: packed encoder-decoder and decoder-only
+# rows (seqio's), masked LM, sentence pairs and permuted LM (ptmjax's), and the task heads' rows.
+CONVERTER_DEMOS = ("runs/demo.gin", "runs/gpt2_demo.gin", "runs/electra_demo.gin", "runs/bert_demo.gin",
+                   "runs/xlnet_demo.gin", "runs/bert_classify_demo.gin", "runs/bert_tagging_demo.gin",
+                   "runs/bert_qa_demo.gin")  # fmt: skip
+
+
+@pytest.mark.parametrize("run_file", CONVERTER_DEMOS)
+def test_a_familys_converter_gives_the_batches_of_the_same_converter_with_autograph(run_file):
+    import gin
+
+    from ptmjax import gin_files
+    from ptmjax.training import loop
+    from ptmjax.training.model_api import model_api
+
+    gin_files.parse_gin([run_file], [])
+    try:
+        spec = loop.run_spec_from_gin()
+        name = gin.query_parameter("train.mixture_or_task_name")
+    finally:
+        gin.clear_config()
+    converter = model_api(spec.model).family.feature_converter
+    (reference,) = converter.__bases__
+    assert converter is without_autograph_converter(reference) and converter.__name__ == reference.__name__
+
+    def first_batches(feature_converter):
+        dataset = pipeline.get_dataset(getattr(name, "name", name), "train", spec.task_feature_lengths, 4, seed=1,
+                                       shuffle=True, pack=spec.pack, feature_converter=feature_converter)  # fmt: skip
+        return list(itertools.islice(dataset.as_numpy_iterator(), 2))
+
+    got, expected = first_batches(converter), first_batches(reference)
+    for a, b in zip(got, expected, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"{run_file}: {key}")
+
+
+class _NeedsAutograph(seqio.PassThroughFeatureConverter):
+    def __call__(self, ds, task_feature_lengths):
+        return _keep_if_positive(ds)
+
+
+def test_a_converter_that_needs_autograph_fails_loudly_without_it():
+    dataset = tf.data.Dataset.from_tensors({"targets": tf.constant([-1, -2])})
+    assert list(_NeedsAutograph()(dataset, {}).as_numpy_iterator())[0]["targets"].tolist() == [1, 2]
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+        without_autograph_converter(_NeedsAutograph)()(dataset, {})
