@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ptmjax import tensorflow_import
+from ptmjax.data import corpus
 
 DEFAULT_GIN_FILE = "runs/demo.gin"
 TRACEBACK_HELP = "show the full traceback of an error (also: PTMJAX_TRACEBACK=1)"
@@ -29,8 +30,6 @@ _AFTER.add_argument("--traceback", action="store_true", default=argparse.SUPPRES
 
 
 def _parser() -> argparse.ArgumentParser:
-    from ptmjax.gin_files import GIN_CONFIGS
-
     parser = argparse.ArgumentParser(prog="ptmjax", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
@@ -40,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--gin_file", action="append", default=None,
-        help=f"gin file, absolute or relative to {GIN_CONFIGS} (repeatable; "
+        help=f"gin file, absolute or relative to the repository's gin_configs/ (repeatable; "
         f"default {DEFAULT_GIN_FILE})",
     )
     train.add_argument(
@@ -279,7 +278,9 @@ def run_convert(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     tensorflow_import.hold_back(tensorflow_import.KERAS_EXTRAS)  # before anything imports TensorFlow
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(argv)  # imports nothing heavy: the corpus is read while TensorFlow imports
+    if args.command == "train":
+        corpus.extract_in_background()
     try:
         return _run(args)
     except Exception as error:

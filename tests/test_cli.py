@@ -224,3 +224,10 @@ def test_an_unregistered_task_lists_the_registered_ones_and_creates_nothing(tmp_
     assert line.startswith("ptmjax train: error: unknown task or mixture 'no_such_task'; registered ptmjax ones: ")
     assert "ptmjax_pretrain" in line and line.endswith("(import the module that registers yours first)")
     assert not (tmp_path / "run").exists()
+
+
+def test_reading_the_command_line_imports_no_tensorflow():
+    """`ptmjax train` starts reading the stdlib corpus after parsing its arguments, before TensorFlow's import."""
+    code = "import sys; from ptmjax import cli; cli._parser().parse_args(['train']); print('tensorflow' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert result.stdout.strip() == "False"

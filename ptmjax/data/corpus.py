@@ -40,6 +40,7 @@ import json
 import logging
 import subprocess
 import sys
+import tempfile
 import types
 import warnings
 from collections.abc import Iterator
@@ -98,15 +99,39 @@ def _documented_objects(module: types.ModuleType) -> Iterator[Any]:
             yield obj
 
 
+class _Extraction:
+    """The clean interpreter reading the docstrings, its output going to temporary files (so that it never
+    waits on a pipe nobody reads)."""
+
+    def __init__(self):
+        self._stdout, self._stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self._process = subprocess.Popen([sys.executable, "-I", "-S", __file__], stdin=subprocess.DEVNULL,
+                                         stdout=self._stdout, stderr=self._stderr)  # fmt: skip
+
+    def documents(self) -> tuple[tuple[str, str], ...]:
+        """Waits for it: (module name, document) pairs."""
+        with self._stdout, self._stderr:
+            if self._process.wait():
+                self._stderr.seek(0)
+                raise RuntimeError(f"extracting the stdlib corpus failed:\n{self._stderr.read().decode()}")
+            self._stdout.seek(0)
+            return tuple((module, document) for module, document in json.load(self._stdout))
+
+
+_started: list[_Extraction] = []  # one started by `extract_in_background`, not yet collected
+
+
+def extract_in_background() -> None:
+    """Starts reading the corpus now, in its own process: `ptmjax train` calls it before its imports, which keep
+    one core busy for seconds, so that the first use of the corpus finds it read."""
+    if not _started and _all_documents.cache_info().currsize == 0:
+        _started.append(_Extraction())
+
+
 @functools.cache
 def _all_documents() -> tuple[tuple[str, str], ...]:
     """(module name, document) pairs, extracted in a clean standard-library-only interpreter."""
-    result = subprocess.run(
-        [sys.executable, "-I", "-S", __file__], capture_output=True, text=True, check=False
-    )
-    if result.returncode:
-        raise RuntimeError(f"extracting the stdlib corpus failed:\n{result.stderr}")
-    return tuple((module, document) for module, document in json.loads(result.stdout))
+    return (_started.pop() if _started else _Extraction()).documents()
 
 
 def _extract_documents() -> tuple[tuple[str, str], ...]:

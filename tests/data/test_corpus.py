@@ -73,3 +73,15 @@ def test_libraries_patching_the_stdlib_do_not_change_the_corpus(monkeypatch):
     for cached in (corpus._all_documents, corpus.stdlib_docstrings):
         cached.cache_clear()
     assert corpus.corpus_fingerprint("train") == want
+
+
+def test_an_extraction_started_in_the_background_gives_the_same_documents():
+    want = corpus._all_documents()
+    corpus._all_documents.cache_clear()
+    corpus.extract_in_background()
+    corpus.extract_in_background()  # one is running: no second one
+    assert len(corpus._started) == 1
+    assert corpus._all_documents() == want
+    assert not corpus._started
+    corpus.extract_in_background()  # already read: nothing to start
+    assert not corpus._started
