@@ -23,7 +23,8 @@ SEGMENT_IDS, POSITIONS = "_segment_ids", "_positions"
 def trim_and_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
     """Rows of `feature_lengths` tokens per feature, each holding several examples, with `<feature>_segment_ids`
     (1, 2, ... per example, 0 on padding) and `<feature>_positions` (0, 1, ... within each example), all int32.
-    Features not in `feature_lengths` are dropped. Tokens of id 0 are padding: an example's 0s are not kept."""
+    Features not in `feature_lengths` are dropped. Id 0 is padding: as in seqio, an example keeps as many tokens
+    as it has non-zero ones (its trailing 0s are dropped)."""
     spec = dataset.element_spec
     for name in feature_lengths:
         if name not in spec:
