@@ -65,10 +65,9 @@ def _packed_rows(batch: Mapping[str, tf.Tensor], lengths: Mapping[str, int]) -> 
         fits = tf.reduce_all([tf.size(row[name]) + tf.size(example[name]) <= lengths[name] for name in names])
         row, rows = tf.cond(fits, lambda: (row, rows), lambda: with_row_written(row, rows))
         appended = {}
-        for name in names:
-            tokens = example[name][: lengths[name]]
-            appended[name] = tf.concat([row[name], tokens], 0)
-            appended[name + POSITIONS] = tf.concat([row[name + POSITIONS], tf.range(tf.size(tokens))], 0)
+        for name in names:  # examples come trimmed to their feature's length
+            appended[name] = tf.concat([row[name], example[name]], 0)
+            appended[name + POSITIONS] = tf.concat([row[name + POSITIONS], tf.range(tf.size(example[name]))], 0)
         return i + 1, appended, rows
 
     rows = {column: tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[length])
