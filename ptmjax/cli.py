@@ -25,6 +25,7 @@ from ptmjax.data import corpus
 DEFAULT_GIN_FILE = "runs/demo.gin"
 TRACEBACK_HELP = "show the full traceback of an error (also: PTMJAX_TRACEBACK=1)"
 EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
+COMMANDS_READING_THE_CORPUS = ("train", "eval", "infer", "probe")  # the SentencePiece vocabulary is keyed by it
 _AFTER = argparse.ArgumentParser(add_help=False)  # every command's parent: --traceback after the command too
 _AFTER.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP)
 
@@ -279,7 +280,7 @@ def run_convert(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     tensorflow_import.hold_back(tensorflow_import.KERAS_EXTRAS)  # before anything imports TensorFlow
     args = _parser().parse_args(argv)  # imports nothing heavy: the corpus is read while TensorFlow imports
-    if args.command == "train":
+    if args.command in COMMANDS_READING_THE_CORPUS:
         corpus.extract_in_background()
     try:
         return _run(args)

@@ -226,8 +226,29 @@ def test_an_unregistered_task_lists_the_registered_ones_and_creates_nothing(tmp_
     assert not (tmp_path / "run").exists()
 
 
-def test_reading_the_command_line_imports_no_tensorflow():
-    """`ptmjax train` starts reading the stdlib corpus after parsing its arguments, before TensorFlow's import."""
-    code = "import sys; from ptmjax import cli; cli._parser().parse_args(['train']); print('tensorflow' in sys.modules)"
+COMMAND_LINES = {
+    "train": ["train"],
+    "eval": ["eval", "--model_dir=m", "--task=t"],
+    "infer": ["infer", "--model_dir=m"],
+    "probe": ["probe", "--model_dir=m"],
+    "inspect": ["inspect", "m"],
+}
+
+
+@pytest.mark.parametrize("command", cli.COMMANDS_READING_THE_CORPUS)
+def test_reading_the_command_line_imports_no_tensorflow(command):
+    """The commands that read the stdlib corpus start reading it after parsing their arguments, before
+    TensorFlow's import."""
+    parse = f"cli._parser().parse_args({COMMAND_LINES[command]})"
+    code = f"import sys; from ptmjax import cli; {parse}; print('tensorflow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("command", COMMAND_LINES)
+def test_the_corpus_is_read_in_the_background_by_the_commands_that_use_it(command, monkeypatch):
+    started, ran = [], []
+    monkeypatch.setattr(cli.corpus, "extract_in_background", lambda: started.append(True))
+    monkeypatch.setattr(cli, "_run", lambda args: ran.append(started[:]) or 0)
+    assert cli.main(COMMAND_LINES[command]) == 0
+    assert ran == [[True] if command in cli.COMMANDS_READING_THE_CORPUS else []]
