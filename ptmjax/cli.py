@@ -26,6 +26,7 @@ DEFAULT_GIN_FILE = "runs/demo.gin"
 TRACEBACK_HELP = "show the full traceback of an error (also: PTMJAX_TRACEBACK=1)"
 EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
 COMMANDS_READING_THE_CORPUS = ("train", "eval", "infer", "probe")  # the SentencePiece vocabulary is keyed by it
+COMMANDS_USING_THE_COMPILATION_CACHE = ("eval", "infer", "probe")  # `train` uses train.compilation_cache_dir
 _AFTER = argparse.ArgumentParser(add_help=False)  # every command's parent: --traceback after the command too
 _AFTER.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP)
 
@@ -304,6 +305,10 @@ def one_line(error: Exception) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command in COMMANDS_USING_THE_COMPILATION_CACHE:
+        from ptmjax.training import compilation_cache
+
+        compilation_cache.use_compilation_cache()
     if args.command == "train":
         return run_train(args)
     if args.command == "inspect":

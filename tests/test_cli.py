@@ -245,10 +245,21 @@ def test_reading_the_command_line_imports_no_tensorflow(command):
     assert result.stdout.strip() == "False"
 
 
+# `train` sets its compilation cache from gin (train.compilation_cache_dir); `inspect` compiles nothing.
+STARTED_BEFORE_RUNNING = {"train": ["corpus"], "eval": ["corpus", "cache"], "infer": ["corpus", "cache"],
+                          "probe": ["corpus", "cache"], "inspect": []}  # fmt: skip
+
+
 @pytest.mark.parametrize("command", COMMAND_LINES)
-def test_the_corpus_is_read_in_the_background_by_the_commands_that_use_it(command, monkeypatch):
+def test_the_commands_read_the_corpus_early_and_use_the_compilation_cache_as_they_need(command, monkeypatch):
+    from ptmjax.training import compilation_cache
+
     started, ran = [], []
-    monkeypatch.setattr(cli.corpus, "extract_in_background", lambda: started.append(True))
-    monkeypatch.setattr(cli, "_run", lambda args: ran.append(started[:]) or 0)
+    monkeypatch.setattr(cli.corpus, "extract_in_background", lambda: started.append("corpus"))
+    monkeypatch.setattr(compilation_cache, "use_compilation_cache", lambda: started.append("cache"))
+    for name in ("run_train", "run_inspect"):
+        monkeypatch.setattr(cli, name, lambda args: ran.append(started[:]) or 0)
+    for module, name in (("evaluate", "main"), ("infer", "run"), ("probe", "run")):
+        monkeypatch.setattr(f"ptmjax.tools.{module}.{name}", lambda args: ran.append(started[:]) or 0)
     assert cli.main(COMMAND_LINES[command]) == 0
-    assert ran == [[True] if command in cli.COMMANDS_READING_THE_CORPUS else []]
+    assert ran == [STARTED_BEFORE_RUNNING[command]]

@@ -1,7 +1,8 @@
-"""JAX's persistent compilation cache for training runs: a run started again (a resumed run, the demo run twice)
-reads its compiled train and eval steps from disk instead of compiling them.
+"""JAX's persistent compilation cache for training runs and for `ptmjax eval`, `infer` and `probe`: a run started
+again (a resumed run, the demo run twice) reads its compiled train and eval steps from disk instead of compiling
+them, and a command run again its decoding and scoring programs.
 
-`train.compilation_cache_dir` (gin) picks the folder: 'auto' (the default) is
+`train.compilation_cache_dir` (gin) picks a run's folder; the commands use 'auto'. 'auto' (the default) is
 $PTMJAX_COMPILATION_CACHE_DIR, else the `compilation_cache/` folder of ptmjax's
 cache root ($PTMJAX_CACHE_DIR, else ~/.cache/ptmjax); None turns it off. A cache
 JAX already has (JAX_COMPILATION_CACHE_DIR, or `jax.config.update(

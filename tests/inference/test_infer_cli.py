@@ -1,9 +1,14 @@
 """`ptmjax infer` on a tiny trained run: its JSONL equals `LoadedModel.predict` on the same inputs;
-it never overwrites an output without --overwrite, and an empty input file is a one-line error."""
+it never overwrites an output without --overwrite, an empty input file is a one-line error, and a second
+run reads its programs from the compilation cache."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 import seqio
 
 from ptmjax import cli
@@ -66,3 +71,23 @@ def test_an_empty_input_file_is_a_one_line_error(t5_run, tmp_path, capsys):
     assert cli.main(["infer", "--model_dir", t5_run, "--input_file", str(tmp_path / "empty.txt")]) == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "empty.txt has no lines; write one prompt per line" in error
+
+
+@pytest.mark.slow  # two fresh processes
+def test_a_second_run_compiles_nothing_and_predicts_the_same(t5_run, tmp_path):
+    """Every program of the first run is in PTMJAX_COMPILATION_CACHE_DIR afterwards (any compile time is cached
+    here); the second finds them all there, so it writes no entry, and predicts the same."""
+    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env.update(PTMJAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    entries, records = [], []
+    for run in range(2):
+        output = tmp_path / f"run{run}.jsonl"
+        command = [sys.executable, "-m", "ptmjax.cli", "infer", "--model_dir", t5_run, "--input_file",
+                   str(tmp_path / "prompts.txt"), "--output", str(output), "--max_decode_length=6"]  # fmt: skip
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        entries.append(sorted(os.listdir(tmp_path / "cache")))
+        records.append(read_jsonl(output))
+    assert any(name.startswith("jit_") for name in entries[0])
+    assert entries[1] == entries[0] and records[1] == records[0]
