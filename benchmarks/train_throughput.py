@@ -17,9 +17,10 @@ config `dtype`, PyTorch's `torch.autocast`. `--attention`, `--remat` and `--scan
 `attention_kernel` (by default 'blockwise' on the CPU, where it is the fastest, and 'einsum' elsewhere),
 `remat_policy` and `scan_layers` (PyTorch keeps transformers' defaults: its fused attention). Model FLOP
 utilisation divides the model's FLOPs per second by the device's matmul peak
-measured in the same run: on the CPU the best float32 2048x2048 matmul of
-JAX, NumPy or PyTorch; on an accelerator the best 8192x8192 matmul of JAX or
-PyTorch in the compute dtype. On an accelerator the table also gives each
+measured in the same run, in the compute dtype: on the CPU the best 2048x2048
+matmul of JAX, NumPy (float32) or PyTorch; on an accelerator the best 8192x8192
+matmul of JAX or PyTorch (bfloat16 on a CPU with AMX: PyTorch's AMX kernels,
+about 7x its float32 peak). On an accelerator the table also gives each
 framework's peak device memory. PyTorch runs on CPU and GPU only.
 
 On the CPU each of `--steps` steps is timed alone (JAX's CPU dispatch is
@@ -102,13 +103,17 @@ def torch_synchronize(device: str) -> None:
 
 
 def matmul_peak_flops(device: str = "cpu", dtype: str = "float32", repeats: int = 10) -> dict[str, float]:
-    """The best matmul FLOP/s each library reaches on `device`: float32 2048x2048 on the CPU, `dtype`
-    8192x8192 on an accelerator."""
-    size, dtype = (2048, "float32") if device == "cpu" else (8192, dtype)
+    """The best `dtype` matmul FLOP/s each library reaches on `device`: 2048x2048 on the CPU (NumPy's too in
+    float32), 8192x8192 on an accelerator. Below float32, JAX's also with float32 accumulation and output, as
+    ptmjax's layers compute (XLA:CPU reaches AMX only that way)."""
+    size = 2048 if device == "cpu" else 8192
     a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
-    jax_a, jax_matmul = jnp.asarray(a, dtype), jax.jit(lambda x: x @ x)
-    candidates = {"jax": lambda: jax_matmul(jax_a).block_until_ready()}
-    if device == "cpu":
+    jax_a = jnp.asarray(a, dtype)
+    jax_matmuls = {"jax": jax.jit(lambda x: x @ x)}
+    if dtype != "float32":
+        jax_matmuls["jax, f32 accumulation"] = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
+    candidates = {name: lambda f=f: f(jax_a).block_until_ready() for name, f in jax_matmuls.items()}
+    if device == "cpu" and dtype == "float32":
         candidates["numpy"] = lambda: a @ a
     try:
         import torch
@@ -364,7 +369,7 @@ def main() -> None:
     print(f"{TITLES[args.model]}, batch {args.batch}, {lengths}, {args.dtype} compute, ptmjax attention "
           f"{args.attention}, remat {args.remat}{', scanned layers' if args.scan else ''}: {flops / 1e9:.1f} GFLOP "
           "per training step")  # fmt: skip
-    print(f"Measured {'float32 2048' if on_cpu else args.dtype + ' 8192'} matmul on {where}: "
+    print(f"Measured {args.dtype} {2048 if on_cpu else 8192} matmul on {where}: "
           + ", ".join(f"{k} {v / 1e12:.3f}" for k, v in peaks.items())
           + f" TFLOP/s; peak = {peak / 1e12:.3f} TFLOP/s\n")
 
