@@ -18,6 +18,7 @@ Like any compilation cache, the folder is trusted code: keep it private to you.
 from __future__ import annotations
 
 import os
+import warnings
 
 import jax
 
@@ -34,15 +35,21 @@ def default_directory() -> str:
 
 def use_compilation_cache(directory: str | None = AUTO) -> str | None:
     """Points JAX's persistent compilation cache at `directory` ('auto': `default_directory()`; None: off) unless
-    JAX already has a cache folder, which is kept. Returns the folder in use, or None. Call it before the first
-    compile that should be cached (programs compiled before it are not)."""
+    JAX already has a cache folder, which is kept. Returns the folder in use, or None (also, with a warning, when
+    the folder cannot be created). Call it before the first compile that should be cached (programs compiled
+    before it are not)."""
     current = _jax_cache_dir()
     if current:
         return current
     if directory is None:
         return None
     directory = os.path.expanduser(default_directory() if directory == AUTO else directory)
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:  # a cache is worth a warning, not a failed run
+        fix = f"set ${CACHE_DIR_ENV} (or train.compilation_cache_dir) to a writable folder"
+        warnings.warn(f"compiling without a cache: cannot create {directory} ({error.strerror}); {fix}", stacklevel=2)
+        return None
     _set_jax_cache_dir(directory)
     return directory
 

@@ -188,6 +188,16 @@ def test_a_cache_jax_already_has_wins_and_none_adds_none(monkeypatch, tmp_path):
     assert updates == [str(tmp_path / "c")] and (tmp_path / "c").is_dir()
 
 
+def test_a_folder_that_cannot_be_created_warns_and_caches_nothing(monkeypatch, tmp_path):
+    updates = []
+    monkeypatch.setattr(compilation_cache, "_jax_cache_dir", lambda: None)
+    monkeypatch.setattr(compilation_cache, "_set_jax_cache_dir", updates.append)
+    (tmp_path / "a_file").write_text("")
+    with pytest.warns(UserWarning, match=r"cannot create .*a_file/cache \(Not a directory\); set \$PTMJAX_COMP"):
+        assert compilation_cache.use_compilation_cache(str(tmp_path / "a_file" / "cache")) is None
+    assert updates == []
+
+
 def test_default_directory(monkeypatch, tmp_path):
     monkeypatch.delenv(compilation_cache.CACHE_DIR_ENV, raising=False)
     monkeypatch.setenv("PTMJAX_CACHE_DIR", str(tmp_path))
