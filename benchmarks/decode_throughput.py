@@ -56,9 +56,9 @@ from train_throughput import (  # noqa: E402  (run as a script: benchmarks/ is o
 
 from ptmjax.convert import hf_gpt2, hf_t5  # noqa: E402
 from ptmjax.decoding import DecodeConfig, GenerationIds  # noqa: E402
+from ptmjax.families.model_api import model_api  # noqa: E402
 from ptmjax.models import GPT2, EncoderDecoder  # noqa: E402
 from ptmjax.models.flops import t5_forward_flops  # noqa: E402
-from ptmjax.training.model_api import model_api  # noqa: E402
 
 T5_TINY = dataclasses.replace(
     T5_SMALL, vocab_size=256, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=2,

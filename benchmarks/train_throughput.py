@@ -55,11 +55,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ptmjax import partitioning  # noqa: E402
+from ptmjax.families.token_loss import LossConfig  # noqa: E402
 from ptmjax.layers.attention import ATTENTION_KERNELS  # noqa: E402
 from ptmjax.layers.layer_stack import REMAT_POLICIES  # noqa: E402
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config  # noqa: E402
 from ptmjax.models.flops import gpt2_training_flops, t5_training_flops  # noqa: E402
-from ptmjax.training.losses import LossConfig  # noqa: E402
 from ptmjax.training.optimizers import adamw  # noqa: E402
 from ptmjax.training.trainer import Trainer  # noqa: E402
 

@@ -19,13 +19,13 @@ from ptmjax.data import (  # noqa: F401
     tasks,
 )
 from ptmjax.evaluation.tasks import glue, squad, summarization, superglue, translation
+from ptmjax.families import token_loss  # noqa: F401
 from ptmjax.models import albert, bart, bert, electra, encoder_tasks, gpt2, gpt2_tasks, permutation_lm, t5
 from ptmjax.objectives import translation_lm  # noqa: F401
 from ptmjax.training import (  # noqa: F401
     checkpoints,
     layer_depth,
     loop,
-    losses,
     multihost,
     nonfinite,
     optimizers,

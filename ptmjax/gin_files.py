@@ -22,10 +22,10 @@ from flax import linen as nn
 from ptmjax import partitioning
 from ptmjax.data import pipeline, tokenizer_dir
 from ptmjax.decoding.generation_ids import GenerationIds
+from ptmjax.families.registry import family_of
 from ptmjax.gin_suggestions import did_you_mean, explain_gin_error, model_alias
 from ptmjax.gin_value_types import check_entry_point_values
 from ptmjax.model_dir import CONFIG_FILE, TOKENIZER, ModelDir
-from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 
 GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
 
@@ -132,4 +132,4 @@ def folder_generation_ids(folder: ModelDir) -> GenerationIds:
     if os.path.isfile(folder.generation_path):
         return GenerationIds.read(folder.generation_path)
     model, _ = read_model_config(folder)
-    return GenerationIds.from_vocabulary(folder_vocabulary(folder), isinstance(model, EncoderDecoderInterface))
+    return GenerationIds.from_vocabulary(folder_vocabulary(folder), family_of(model).encoder_decoder)

@@ -52,7 +52,7 @@ DEFAULT_RULES: Rules = (
     ("relpos_buckets", None),
     ("expert", "expert"),
     ("router_expert", None),  # the small MoE router kernel [embed, expert] is not expert-sharded
-    ("layers", None),  # the stacked axis of scanned layers (ptmjax/models/layer_stack.py)
+    ("layers", None),  # the stacked axis of scanned layers (ptmjax/layers/layer_stack.py)
     ("adapter", None),  # an adapter's bottleneck (ptmjax/adapt/adapters.py)
     ("prompt", None),  # the positions of a soft prompt or prefix (ptmjax/adapt/prompt_tuning.py, prefix_tuning.py)
 )

@@ -59,3 +59,67 @@ def test_only_training_imports_the_trainer():
 def test_no_module_shadows_the_standard_library():
     names = {p.stem for p in PACKAGE.rglob("*.py")} | {p.name for p in PACKAGE.rglob("*") if p.is_dir()}
     assert sorted(names & set(sys.stdlib_module_names)) == []
+
+
+# The lower folders depend one way: layers <- models <- families (the model API) <- the tools above them.
+LOWER_FOLDERS = {
+    "layers": {"layers", "partitioning"},
+    "models": {"layers", "models"},
+    "decoding": {"decoding", "layers", "partitioning"},
+    "families": {"families", "layers", "models", "decoding"},
+}
+
+
+def folder(module: str) -> str:
+    """'ptmjax.families.registry' -> 'families'; the package itself -> ''."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_the_lower_folders_import_only_below_them():
+    wrong = sorted(
+        f"{name} imports {dep}"
+        for name, deps in imports().items() if folder(name) in LOWER_FOLDERS
+        for dep in deps if folder(dep) and folder(dep) not in LOWER_FOLDERS[folder(name)]
+    )  # fmt: skip
+    assert wrong == []
+
+
+def model_classes_tested(path: pathlib.Path) -> list[str]:
+    """The ptmjax.models module classes that `isinstance` / `issubclass` calls in `path` test against."""
+    import importlib
+
+    import flax.linen as nn
+
+    tree = ast.parse(path.read_text())
+    names: dict[str, object] = {}  # a local name -> the ptmjax.models object or module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ptmjax.models"):
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                names[alias.asname or alias.name] = getattr(module, alias.name)
+
+    def classes(node: ast.AST) -> list[object]:
+        if isinstance(node, ast.Tuple):
+            return [c for element in node.elts for c in classes(element)]
+        if isinstance(node, ast.BinOp):  # A | B
+            return classes(node.left) + classes(node.right)
+        if isinstance(node, ast.Name):
+            return [names.get(node.id)]
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            return [getattr(names.get(node.value.id), node.attr, None)]
+        return []
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("isinstance", "issubclass"):
+            for cls in classes(node.args[1]) if len(node.args) == 2 else []:
+                if isinstance(cls, type) and issubclass(cls, nn.Module):
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {cls.__name__}")
+    return found
+
+
+def test_tools_ask_the_family_record_never_the_model_class():
+    """Outside models/ and families/, what a model is comes from `family_of(module)`, not `isinstance`."""
+    outside = [p for p in PACKAGE.rglob("*.py") if folder(module_name(p)) not in ("models", "families")]
+    assert [found for path in outside for found in model_classes_tested(path)] == []

@@ -34,10 +34,11 @@ from flax import linen as nn
 
 from ptmjax.data import downstream_tasks, objective_tasks, pipeline, tasks
 from ptmjax.evaluation import rank_classification as evaluation
+from ptmjax.families.model_api import model_api
+from ptmjax.families.registry import family_of
 from ptmjax.gin_files import parse_gin, read_model_config, resolve_gin_file
 from ptmjax.model_dir import ModelDir
 from ptmjax.training.loop import train
-from ptmjax.training.model_api import family_of, model_api
 
 EXPERIMENT_DIR = pathlib.Path(__file__).resolve().parent
 REPO_DIR = EXPERIMENT_DIR.parents[1]

@@ -136,8 +136,8 @@ def last_eval(model_dir: pathlib.Path, metric: str) -> float:
 def trainable_counts(model_dir: pathlib.Path) -> tuple[int, int]:
     """(trainable, total) parameter values of a run, from its config.gin."""
     from ptmjax import gin_files
+    from ptmjax.families.model_api import model_api
     from ptmjax.model_dir import ModelDir
-    from ptmjax.training.model_api import model_api
     from ptmjax.training.trainable import Trainable
 
     folder = ModelDir(str(model_dir))

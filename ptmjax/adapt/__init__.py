@@ -1,6 +1,7 @@
 """Adapting a pre-trained model: which parameters train, LoRA, adapters, prompts, and probing.
 
-Task heads are Flax modules and live with the models (ptmjax/models/); this
-package holds what is applied on top of a model: the trainable-parameter
-view the trainer optimises, and the parameter-efficient methods.
+Task heads are Flax modules and live with the models (ptmjax/models/), and which
+parameters train is ptmjax/training/trainable.py; this package holds what is
+applied on top of a model: the parameter-efficient methods, and probing/ of
+frozen models.
 """

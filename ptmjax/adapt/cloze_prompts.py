@@ -27,8 +27,9 @@ import seqio
 import tensorflow as tf
 from flax import linen as nn
 
+from ptmjax.families.model_api import model_api
+from ptmjax.families.registry import MASKED_LM
 from ptmjax.objectives import common
-from ptmjax.training.model_api import MASKED_LM, model_api
 
 TEXT, MASK = "{text}", "{mask}"
 

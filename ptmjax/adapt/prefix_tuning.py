@@ -4,7 +4,7 @@
 interception (`ptmjax.adapt.interception`). Each layer stack (T5's and BART's
 encoder and decoder, GPT-2's and the BERT family's layers) gets its prefixes
 [layers, 2 (key, value), heads, n, head_dim] when its module's stack method
-(`family_entries.STACKS`) is called, before any layer (so rematerialised
+(`entries.STACKS`) is called, before any layer (so rematerialised
 layers read them too), created in the stack module's scope:
 
 - `hidden` set (training, as the paper): an embedding `prefix_embedding`
@@ -37,8 +37,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.adapt.family_entries import runs_stack
 from ptmjax.adapt.interception import adapted
+from ptmjax.families.entries import runs_stack
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import AttentionMask
 from ptmjax.layers.common import dtype_kwargs
@@ -91,7 +91,7 @@ class _Call:
         if tuple(stack_path) not in self.prefixes:
             raise ValueError(
                 f"prefix tuning knows no layer stack at {'/'.join(stack_path)!r}; it adapts T5, BART, GPT-2 and the "
-                "BERT family (ptmjax.adapt.family_entries)."
+                "BERT family (ptmjax.families.entries)."
             )
         prefix = self.prefixes[tuple(stack_path)][int(layer.removeprefix("layers_"))]  # [2, heads, n, head_dim]
         return with_prefix(*out, prefix)

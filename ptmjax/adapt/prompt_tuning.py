@@ -3,7 +3,7 @@
 `prompt_tuning(model, length, init)` returns the model adapted by
 interception (`ptmjax.adapt.interception`); no model code changes, so the
 base model's outputs stay bit-identical. The interceptor watches each
-family's embedding-level entry (`family_entries.ENTRIES`): it lengthens the token ids by n
+family's embedding-level entry (`entries.ENTRIES`): it lengthens the token ids by n
 placeholder ids (not the padding id) in front, so every mask, position and
 length check the model derives from the ids covers the prompt, and replaces
 the token embeddings at those n positions with the prompt. The other
@@ -54,9 +54,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.adapt.family_entries import Entry, entry_of, runs_stack
 from ptmjax.adapt.interception import adapted
 from ptmjax.adapt.prefix_tuning import with_prefix
+from ptmjax.families.entries import Entry, entry_of, runs_stack
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import AttentionMask
 from ptmjax.layers.embed import Embed

@@ -20,9 +20,9 @@ from ptmjax import gin_files
 from ptmjax.adapt.lora_merge import without_lora
 from ptmjax.convert import hf, hf_tokenizer
 from ptmjax.decoding.generation_ids import GenerationIds
+from ptmjax.families.model_api import model_api
 from ptmjax.layers import layer_stack
 from ptmjax.model_dir import ModelDir
-from ptmjax.training.model_api import model_api
 
 MODULE_FIELDS_NOT_BOUND = ("config", "parent", "name")
 

@@ -25,6 +25,7 @@ import numpy as np
 from ptmjax.convert import hf_albert, hf_bart, hf_bert, hf_electra, hf_gpt2, hf_t5, hf_task_heads
 from ptmjax.convert.state_dict import to_numpy
 from ptmjax.decoding.generation_ids import GenerationIds
+from ptmjax.families.registry import family_of
 from ptmjax.models import (
     GPT2,
     Albert,
@@ -32,7 +33,6 @@ from ptmjax.models import (
     Bert,
     ElectraDiscriminator,
     ElectraGenerator,
-    ElectraPretraining,
     EncoderDecoder,
 )
 
@@ -194,11 +194,10 @@ def save(model: nn.Module, params: Mapping[str, Any], path: str, generation_ids:
     """
     from safetensors.numpy import save_file
 
-    if isinstance(model, ElectraPretraining):
-        tree = nn.meta.unbox(params)
-        for role, role_class in (("generator", ElectraGenerator), ("discriminator", ElectraDiscriminator)):
-            role_params = {**tree[role], "embeddings": tree["embeddings"]}
-            save(role_class(getattr(model.config, role)), role_params, os.path.join(path, role), generation_ids)
+    family = family_of(model)
+    if family.parts is not None:
+        for name, (part, part_params) in family.parts(model, params).items():
+            save(part, part_params, os.path.join(path, name), generation_ids)
         return path
     if hf_task_heads.is_task_model(model):
         hf_config, state = hf_task_heads.to_hf_config(model), hf_task_heads.params_to_hf(params, model)

@@ -24,6 +24,7 @@ import numpy as np
 from ptmjax.convert import hf_albert, hf_bert, hf_electra, hf_gpt2
 from ptmjax.convert.hf_encoder import TRANSPOSE, backbone_rules, dense_rules
 from ptmjax.convert.state_dict import Params, Rule, field, one_to_one, params_to_rules, rules_to_params
+from ptmjax.families.registry import family_of
 from ptmjax.models.albert import AlbertConfig
 from ptmjax.models.bert import BertConfig
 from ptmjax.models.electra import ElectraConfig
@@ -31,7 +32,6 @@ from ptmjax.models.encoder_tasks import (
     EncoderForQuestionAnswering,
     EncoderForSequenceClassification,
     EncoderForTokenClassification,
-    EncoderTaskModel,
 )
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
 
@@ -80,16 +80,15 @@ def task_class_of_config(hf_config: Mapping[str, Any]) -> TaskClass | None:
 
 
 def is_task_model(model: nn.Module) -> bool:
-    return isinstance(model, (EncoderForSequenceClassification, EncoderForTokenClassification,
-                              EncoderForQuestionAnswering, GPT2ForSequenceClassification))  # fmt: skip
+    return family_of(model).task_head is not None
 
 
 def task_class_of_model(model: nn.Module) -> TaskClass:
     """The HF class holding exactly `model`'s parameters."""
-    if isinstance(model, GPT2ForSequenceClassification):
+    family = family_of(model)
+    if family.decoder_only:
         return HF_CLASSES[GPT2_CLASS]
-    task = next(task for task, cls in TASK_MODELS.items() if isinstance(model, cls))
-    return TaskClass(_encoder_type(model.config), task)
+    return TaskClass(_encoder_type(model.config), family.task_head)
 
 
 def _encoder_type(config: Any) -> str:
@@ -160,10 +159,10 @@ def to_hf_config(model: nn.Module) -> Any:
     else:
         converter = {"albert": hf_albert, "electra": hf_electra}.get(task_class.model_type, hf_bert)
         hf_config = converter.to_hf_config(model.config)
-        if isinstance(model, EncoderTaskModel) and model.classifier_dropout_rate is not None:
+        if getattr(model, "classifier_dropout_rate", None) is not None:
             name = "classifier_dropout_prob" if task_class.model_type == "albert" else "classifier_dropout"
             setattr(hf_config, name, model.classifier_dropout_rate)
-    if not isinstance(model, EncoderForQuestionAnswering):
+    if task_class.task != "QuestionAnswering":
         hf_config.num_labels = model.num_labels
     if task_class.task == "SequenceClassification":
         hf_config.problem_type = "regression" if model.num_labels == 1 else "single_label_classification"

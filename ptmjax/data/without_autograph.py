@@ -15,7 +15,7 @@ the classification-head task); it took the demo's train pipeline build from
 3.05 s to 1.78 s. `without_autograph_converter(converter)` does the same
 for a seqio feature converter, whose packing it replaces with
 `packing.trim_and_pack` (seqio's loops over a tensor in Python); every model
-family's converter is built with it (`ptmjax.training.model_api`).
+family's converter is built with it (`ptmjax.families.model_api`).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from ptmjax.data import pipeline
 from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.decoding.sharded import jit_predict
 from ptmjax.evaluation import batching
-from ptmjax.training.model_api import ModelApi
+from ptmjax.families.model_api import ModelApi
 
 TaskMetrics = dict[str, dict[str, float]]
 SAMPLE_SEED = 0  # method='sample' draws from fold_in(key(SAMPLE_SEED), batch number): evaluations repeat

@@ -25,9 +25,10 @@ from jax.sharding import Mesh
 from ptmjax import partitioning
 from ptmjax.data import pipeline
 from ptmjax.decoding import DecodeConfig, GenerationIds
-from ptmjax.evaluation import batching, head_predictions
+from ptmjax.evaluation import batching
 from ptmjax.evaluation.evaluator import InferenceEvaluator, TaskMetrics, scalars
-from ptmjax.training.model_api import ModelApi
+from ptmjax.families import head_predictions
+from ptmjax.families.model_api import ModelApi
 
 
 class HeadEvaluator:

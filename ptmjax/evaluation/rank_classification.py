@@ -25,7 +25,7 @@ import tensorflow as tf
 from flax import linen as nn
 
 from ptmjax.data import pipeline
-from ptmjax.training.model_api import model_api
+from ptmjax.families.model_api import model_api
 
 SCORED_TARGETS = "decoder_target_tokens"  # families whose targets are a decoder's: seq2seq and decoder-only
 

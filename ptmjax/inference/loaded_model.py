@@ -19,10 +19,10 @@ from jax.sharding import Mesh
 from ptmjax import partitioning
 from ptmjax.decoding import DecodeConfig, DecodeOutput, GenerationIds
 from ptmjax.decoding.sharded import jit_predict
+from ptmjax.families.model_api import ModelApi, model_api
 from ptmjax.inference.batching import bucket_length, fixed_batches, round_up
 from ptmjax.inference.rows import RowFormat
 from ptmjax.inference.text import Inputs, check_texts, encode, until_eos
-from ptmjax.training.model_api import ModelApi, model_api
 
 DEFAULT_BATCH_SIZE = 8
 
@@ -75,7 +75,7 @@ class LoadedModel:
 
     @property
     def decoder_only(self) -> bool:
-        return self.api.family.init_fields == ("decoder_input_tokens",)
+        return self.api.family.decoder_only
 
     @property
     def num_params(self) -> int:
@@ -216,7 +216,7 @@ class LoadedModel:
         devices = self.mesh.devices.size
         axes = ", ".join(f"{axis}={size}" for axis, size in self.mesh.shape.items() if size > 1)
         mesh = f"{axes} ({devices} devices)" if axes else "1 device"
-        family = "encoder-decoder" if "encoder_input_tokens" in self.api.family.init_fields else "decoder-only"
+        family = self.api.family.kind.value
         rows = "causal (Hugging Face)" if self.row_format.causal else self.api.family.feature_converter.__name__
         return {
             "model": f"{type(self.module).__name__} ({type(self.config).__name__}, {family})",

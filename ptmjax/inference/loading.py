@@ -25,10 +25,10 @@ from jax.sharding import Mesh
 
 from ptmjax import partitioning
 from ptmjax.decoding.generation_ids import GenerationIds
+from ptmjax.families.model_api import model_api
 from ptmjax.inference.loaded_model import DEFAULT_BATCH_SIZE, LoadedModel
 from ptmjax.inference.rows import RowFormat
 from ptmjax.model_dir import CONFIG_FILE, ModelDir
-from ptmjax.training.model_api import model_api
 
 HF_CONFIG = "config.json"
 
@@ -100,7 +100,7 @@ def _hf_row_format(model: nn.Module, ids: GenerationIds, vocabulary: seqio.Vocab
     """Text as Hugging Face tokenizers encode it for this model (see the module docstring)."""
     family = model_api(model).family
     eos = vocabulary.eos_id if ids.eos_token_id is None else ids.eos_token_id
-    if family.init_fields == ("decoder_input_tokens",):
+    if family.decoder_only:
         return RowFormat(family, eos, add_eos=False, causal=True)
     return RowFormat(family, eos, bos_id=ids.bos_token_id, decoder_start_id=ids.decoder_start_token_id or 0)
 

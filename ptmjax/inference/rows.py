@@ -21,7 +21,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from ptmjax.training.model_api import DECODER_ONLY, Family
+from ptmjax.families.family import Family
+from ptmjax.families.registry import DECODER_ONLY
 
 Rows = dict[str, np.ndarray]
 PREDICT_FIELDS = ("encoder_input_tokens", "decoder_input_tokens", "decoder_causal_attention", "decoder_segment_ids")

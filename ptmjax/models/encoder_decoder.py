@@ -21,7 +21,7 @@ class EncoderDecoderInterface(nn.Module):
     `logits(hidden_states)` -> float32 logits [b, t, vocab]. `decode` is `logits` of
     `decoder_hidden_states`, `hidden_states` is `decoder_hidden_states(encode(...))` and `__call__`
     is `logits(hidden_states(...))`, so every such model trains through the same step (and the
-    chunked loss, ptmjax/training/chunked_logits.py, reads `hidden_states` and `logits`).
+    chunked loss, ptmjax/families/chunked_logits.py, reads `hidden_states` and `logits`).
 
     Decoding (ptmjax/decoding): `decode` with `cache` (layers.attention.CacheSlots,
     applied with mutable=['cache']) feeds decoder tokens one call at a time into a

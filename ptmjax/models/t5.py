@@ -261,7 +261,7 @@ class EncoderDecoder(EncoderDecoderInterface):
 
     Dropout draws from the 'dropout' rng collection when `enable_dropout=True`.
     Hidden states and attention probabilities are sown into 'intermediates'.
-    MoE layers sow their weighted auxiliary losses into 'losses' (see ptmjax/models/moe.py).
+    MoE layers sow their weighted auxiliary losses into 'losses' (see ptmjax/layers/moe.py).
     """
 
     config: T5Config

@@ -25,8 +25,7 @@ from typing import Any
 import jax
 
 from ptmjax import partitioning
-from ptmjax.models.flops import t5_training_flops
-from ptmjax.models.t5 import T5Config
+from ptmjax.families.registry import family_of
 from ptmjax.tools.inspection import format_bytes
 from ptmjax.training import loop
 from ptmjax.training.run_spec import RunSpec
@@ -201,12 +200,9 @@ def _flops(value: float | None) -> str:
 
 
 def model_flops(spec: RunSpec) -> float | None:
-    """The model FLOPs of one step (T5 only; see ptmjax/models/flops.py)."""
-    config = getattr(spec.model, "config", None)
-    if not isinstance(config, T5Config):
-        return None
-    lengths = spec.task_feature_lengths
-    return t5_training_flops(config, spec.batch_size, lengths["inputs"], lengths["targets"])
+    """The model FLOPs of one step, where its family has a formula (T5; see ptmjax/models/flops.py)."""
+    flops = family_of(spec.model).flops
+    return None if flops is None else flops(spec.model, spec.batch_size, spec.task_feature_lengths)
 
 
 @dataclasses.dataclass(frozen=True)

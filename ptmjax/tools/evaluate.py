@@ -40,8 +40,8 @@ def evaluate_model_dir(
     from ptmjax.data import pipeline
     from ptmjax.evaluation import results as results_io
     from ptmjax.evaluation.head_evaluator import evaluator_for
+    from ptmjax.families.model_api import model_api
     from ptmjax.model_dir import ModelDir
-    from ptmjax.training.model_api import model_api
 
     folder = ModelDir(model_dir)
     step = folder.checkpoint_step(step)

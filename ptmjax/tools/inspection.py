@@ -29,8 +29,8 @@ from flax import linen as nn
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Sharding
 
 from ptmjax import gin_files, partitioning
+from ptmjax.families.model_api import model_api
 from ptmjax.model_dir import ModelDir, saved_mesh_shape
-from ptmjax.training.model_api import model_api
 from ptmjax.tree_paths import leaves_by_path, path_name, shapes_by_path, subtree
 
 OPT_STATE = "opt_state"

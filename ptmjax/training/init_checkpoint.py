@@ -21,9 +21,9 @@ from typing import Any
 
 import jax
 
+from ptmjax.families.model_api import ModelApi
 from ptmjax.layers import layer_stack
 from ptmjax.model_dir import ModelDir
-from ptmjax.training.model_api import ModelApi
 from ptmjax.training.trainer import Trainer
 from ptmjax.tree_paths import overlay, shapes_by_path, subtree
 

@@ -32,14 +32,14 @@ from ptmjax.data import pipeline, tokenizer_dir
 from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.evaluation import results
 from ptmjax.evaluation.head_evaluator import evaluator_for
+from ptmjax.families.registry import family_of
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.model_dir import ModelDir
-from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 from ptmjax.training import compilation_cache, multihost
 from ptmjax.training.best_checkpoint import BestCheckpoint
 from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.damaged_checkpoints import restore_newest_intact
 from ptmjax.training.init_checkpoint import initial_params
-from ptmjax.training.losses import LossConfig
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.nonfinite import NonFiniteMonitor, NonFinitePolicy, check_finite_state
 from ptmjax.training.optimizers import adafactor
@@ -410,7 +410,7 @@ def _generation_ids(model: nn.Module, task: str, init_checkpoint: str | None) ->
     if init_checkpoint is not None and os.path.isfile(ModelDir(init_checkpoint).generation_path):
         return GenerationIds.read(ModelDir(init_checkpoint).generation_path)
     vocabulary = pipeline.task_vocabulary(task)
-    return GenerationIds.from_vocabulary(vocabulary, isinstance(model, EncoderDecoderInterface))
+    return GenerationIds.from_vocabulary(vocabulary, family_of(model).encoder_decoder)
 
 
 def _keep_import_tokenizer(source: ModelDir, run: ModelDir, mixture_or_task_name: str) -> None:

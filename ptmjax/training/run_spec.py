@@ -12,8 +12,8 @@ from flax import linen as nn
 from jax.sharding import Mesh
 
 from ptmjax import partitioning
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import model_api
+from ptmjax.families.model_api import model_api
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.training.schedules import rsqrt_with_warmup
 from ptmjax.training.trainer import Trainer
 

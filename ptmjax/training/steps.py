@@ -1,7 +1,7 @@
 """Pure train and eval steps: `(state, batch, rng) -> (state, metrics)`.
 
 The batch is the output of the model family's seqio feature converter. Its
-target fields feed the family's loss (`ModelApi.loss`, ptmjax/training/model_api.py);
+target fields feed the family's loss (`ModelApi.loss`, ptmjax/families/model_api.py);
 every other field is passed to the model by name.
 
 The optimised objective is `token loss / normalizer + mean over microbatches
@@ -28,9 +28,9 @@ import optax
 from flax import linen as nn
 
 from ptmjax import partitioning
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import Batch, ModelApi
-from ptmjax.training.model_losses import Stats
+from ptmjax.families.losses import Stats
+from ptmjax.families.model_api import Batch, ModelApi
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.training.nonfinite import FINITE
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainable import LeafSelection

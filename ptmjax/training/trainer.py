@@ -14,9 +14,10 @@ from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ptmjax import partitioning
-from ptmjax.training import model_losses, optimizers, steps
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import ModelApi, model_api
+from ptmjax.families import losses
+from ptmjax.families.model_api import ModelApi, model_api
+from ptmjax.families.token_loss import LossConfig
+from ptmjax.training import optimizers, steps
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainable import Trainable
 from ptmjax.tree_paths import leaves_by_path
@@ -155,7 +156,7 @@ class Trainer:
         compiler.shutdown(wait=False)  # its thread ends with the compile
         return compiled
 
-    def eval_stats(self, params: Any, batch: steps.Batch) -> model_losses.Stats:
+    def eval_stats(self, params: Any, batch: steps.Batch) -> losses.Stats:
         """Summed statistics of one global batch."""
         with jax.set_mesh(self.mesh):
             return self._eval_step(params, batch)

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ptmjax.adapt.lora import LORA_PARAMS
+from ptmjax.families.model_api import model_api
 from ptmjax.models import GPT2, EncoderDecoder, T5Config
 from ptmjax.models.gpt2 import GPT2Config
-from ptmjax.training.model_api import model_api
 from ptmjax.tree_paths import path_name
 
 VOCAB = 64

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from lora_test_models import BASE_MODELS, VOCAB, batch
 
+from ptmjax.families.model_api import model_api
 from ptmjax.models import Bert, BertConfig
 from ptmjax.models.bart import Bart, BartConfig
-from ptmjax.training.model_api import model_api
 from ptmjax.tree_paths import path_name
 
 BERT_TINY = Bert(BertConfig(

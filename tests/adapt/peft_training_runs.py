@@ -16,8 +16,8 @@ from ptmjax.adapt.adapters import ADAPTER_PARAMS, adapters
 from ptmjax.adapt.p_tuning import p_tuning
 from ptmjax.adapt.prefix_tuning import PREFIX_PARAMS, prefix_tuning
 from ptmjax.adapt.prompt_tuning import PROMPT_PARAMS, prompt_tuning
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.losses import LossConfig
 from ptmjax.training.trainer import Trainer
 
 METHODS = {  # method: (family, model, the pattern of its parameters)

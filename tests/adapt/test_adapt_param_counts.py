@@ -15,8 +15,8 @@ from ptmjax.adapt.lora import LORA_PARAMS, lora
 from ptmjax.adapt.p_tuning import p_tuning
 from ptmjax.adapt.prefix_tuning import PREFIX_PARAMS, prefix_tuning
 from ptmjax.adapt.prompt_tuning import PROMPT_PARAMS, prompt_tuning
+from ptmjax.families.model_api import model_api
 from ptmjax.models import Bert, BertConfig, EncoderDecoder, T5Config
-from ptmjax.training.model_api import model_api
 from ptmjax.tree_paths import shapes_by_path
 
 

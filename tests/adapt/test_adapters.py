@@ -14,8 +14,8 @@ from lora_test_models import batch, init_params
 from peft_test_models import MODELS, outputs, redrawn, without
 
 from ptmjax.adapt.adapters import ADAPTER_PARAMS, adapters
+from ptmjax.families.model_api import model_api
 from ptmjax.layers import layer_stack
-from ptmjax.training.model_api import model_api
 from ptmjax.tree_paths import shapes_by_path
 
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ptmjax.families.model_api import model_api
 from ptmjax.models import AlbertConfig, BertConfig, ElectraConfig, GPT2Config
 from ptmjax.models.encoder_tasks import (
     EncoderForQuestionAnswering,
@@ -26,7 +27,6 @@ from ptmjax.models.encoder_tasks import (
     EncoderForTokenClassification,
 )
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
-from ptmjax.training.model_api import model_api
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

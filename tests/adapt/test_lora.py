@@ -16,10 +16,11 @@ from lora_test_models import BASE_MODELS, GPT2_TINY, batch, init_params, with_ra
 
 from ptmjax.adapt.lora import LORA_PARAMS, LoraSettings, base_model, lora
 from ptmjax.adapt.lora_merge import merge_lora
+from ptmjax.families.model_api import model_api
+from ptmjax.families.registry import DECODER_ONLY, family_of
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.layers import layer_stack
 from ptmjax.models import GPT2, Bert, BertConfig
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import DECODER_ONLY, family_of, model_api
 from ptmjax.tree_paths import leaves_by_path
 
 RANK, ALPHA = 4, 16.0  # scale alpha / rank = 4

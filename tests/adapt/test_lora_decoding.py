@@ -11,7 +11,7 @@ from lora_test_models import BASE_MODELS, init_params, with_random_lora, without
 from ptmjax.adapt.lora import base_model, lora
 from ptmjax.adapt.lora_merge import merge_lora
 from ptmjax.decoding import DecodeConfig, GenerationIds
-from ptmjax.training.model_api import model_api
+from ptmjax.families.model_api import model_api
 
 IDS = GenerationIds(eos_token_id=1, pad_token_id=0, decoder_start_token_id=0)
 PROMPTS = np.array([[5, 6, 7, 8], [9, 10, 0, 0], [11, 0, 0, 0]], np.int32)  # right-padded with 0

@@ -12,9 +12,9 @@ import transformers
 from ptmjax import gin_files
 from ptmjax.adapt.lora import LORA_PARAMS
 from ptmjax.convert import checkpoint
+from ptmjax.families.model_api import model_api
 from ptmjax.model_dir import ModelDir
 from ptmjax.training import loop
-from ptmjax.training.model_api import model_api
 from ptmjax.tree_paths import shapes_by_path
 
 SHORT = ["train.task_feature_lengths = {'inputs': 32, 'targets': 8}", "train.batch_size = 8", "train.num_steps = 2",

@@ -14,8 +14,8 @@ from lora_test_models import BASE_MODELS, batch, with_random_lora
 
 from ptmjax import partitioning
 from ptmjax.adapt.lora import lora
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import model_api
+from ptmjax.families.model_api import model_api
+from ptmjax.families.token_loss import LossConfig
 
 MESH = partitioning.MeshConfig(data=2, fsdp=2, tensor=2)
 

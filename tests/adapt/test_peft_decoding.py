@@ -16,7 +16,7 @@ from ptmjax.adapt.p_tuning import p_tuning
 from ptmjax.adapt.prefix_tuning import PREFIX_PARAMS, prefix_tuning
 from ptmjax.adapt.prompt_tuning import PROMPT_PARAMS, prompt_tuning
 from ptmjax.decoding import DecodeConfig, GenerationIds
-from ptmjax.training.model_api import model_api
+from ptmjax.families.model_api import model_api
 
 IDS = GenerationIds(eos_token_id=1, pad_token_id=0, decoder_start_token_id=0)
 PROMPTS = np.array([[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]], np.int32)

@@ -14,8 +14,8 @@ from lora_test_models import batch, init_params
 from peft_test_models import MODELS, outputs, redrawn, token_inputs, without
 
 from ptmjax.adapt.prefix_tuning import PREFIX_PARAMS, fold_prefixes, prefix_tuning
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import model_api
+from ptmjax.families.model_api import model_api
+from ptmjax.families.token_loss import LossConfig
 
 TEXT = np.array([[7, 8, 9, 10]] * 2, np.int32)
 

@@ -16,8 +16,8 @@ from peft_test_models import ENCODER_DECODERS, MODELS, input_field, outputs, red
 from ptmjax.adapt.p_tuning import p_tuning
 from ptmjax.adapt.prompt_tuning import PROMPT_PARAMS, prompt_tuning
 from ptmjax.decoding import DecodeConfig, GenerationIds
+from ptmjax.families.model_api import model_api
 from ptmjax.layers import layer_stack
-from ptmjax.training.model_api import model_api
 
 PROMPT_IDS = np.array([7, 8, 9], np.int32)
 

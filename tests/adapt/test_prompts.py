@@ -11,9 +11,9 @@ from ptmjax.adapt.cloze_prompts import ClozePrompt, cloze_rows, cloze_scores, re
 from ptmjax.adapt.in_context import draw_demonstrations, few_shot_accuracy, few_shot_prompt
 from ptmjax.data import pipeline, vocabularies
 from ptmjax.data.feature_converters import MaskedLmFeatureConverter
+from ptmjax.families.model_api import model_api
 from ptmjax.models import GPT2, Bert, BertConfig, GPT2Config
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.model_api import model_api
 from ptmjax.training.trainer import Trainer
 
 VOCAB = vocabularies.stdlib_sentencepiece_vocabulary()

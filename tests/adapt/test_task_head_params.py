@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from ptmjax.families.model_api import model_api
 from ptmjax.models import GPT2, Albert, AlbertConfig, Bert, BertConfig, ElectraConfig, ElectraDiscriminator, GPT2Config
 from ptmjax.models.encoder_tasks import (
     EncoderForQuestionAnswering,
@@ -15,7 +16,6 @@ from ptmjax.models.encoder_tasks import (
     EncoderForTokenClassification,
 )
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
-from ptmjax.training.model_api import model_api
 
 SMALL = {"vocab_size": 64, "d_model": 32, "num_heads": 4, "num_layers": 2, "d_ff": 64, "max_length": 16}
 BERT, ALBERT = BertConfig(**SMALL), AlbertConfig(**SMALL, embedding_size=16)

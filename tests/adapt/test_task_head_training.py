@@ -15,6 +15,8 @@ import pytest
 import tensorflow as tf
 
 from ptmjax import partitioning
+from ptmjax.families.registry import family_of
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.models import AlbertConfig, BertConfig, ElectraConfig, GPT2Config
 from ptmjax.models.encoder_tasks import (
     EncoderForQuestionAnswering,
@@ -23,8 +25,6 @@ from ptmjax.models.encoder_tasks import (
 )
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import family_of
 from ptmjax.training.trainer import Trainer
 
 SMALL = {"vocab_size": 64, "d_model": 32, "num_heads": 4, "num_layers": 2, "d_ff": 64, "max_length": 16,

@@ -11,10 +11,10 @@ import pytest
 import tensorflow as tf
 
 from ptmjax.data import task_head_converters as thc
-from ptmjax.evaluation.span_search import best_span
+from ptmjax.families.span_search import best_span
+from ptmjax.families import losses
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.models.encoder_tasks import SpanLogits
-from ptmjax.training import model_losses
-from ptmjax.training.losses import LossConfig
 
 
 def dataset(examples: list[dict], **scalar_dtypes: tf.DType) -> tf.data.Dataset:
@@ -97,7 +97,7 @@ Z_LOSS = 1e-3
 RNG = np.random.default_rng(0)
 
 
-def metrics(terms: model_losses.LossTerms) -> dict[str, float]:
+def metrics(terms: losses.LossTerms) -> dict[str, float]:
     return {k: float(v) for k, v in terms.stats.metrics().items()}
 
 
@@ -105,7 +105,7 @@ def test_classification_loss_is_the_mean_over_weighted_examples():
     logits = RNG.normal(size=(5, 3)).astype(np.float32)
     label, weight = np.array([0, 2, 1, 1, 0]), np.array([1, 1, 1, 1, 0])
     batch = {"label": jnp.asarray(label), "example_weight": jnp.asarray(weight)}
-    terms = model_losses.sequence_classification_loss(jnp.asarray(logits), batch, LossConfig(z_loss=Z_LOSS))
+    terms = losses.sequence_classification_loss(jnp.asarray(logits), batch, LossConfig(z_loss=Z_LOSS))
     ce = np_cross_entropy(logits, label, Z_LOSS)
     np.testing.assert_allclose(float(terms.token_loss), np.sum(ce * weight), rtol=1e-6)
     got = metrics(terms)
@@ -118,7 +118,7 @@ def test_regression_loss_is_the_mean_squared_error():
     scores = RNG.normal(size=(4, 1)).astype(np.float32)
     label, weight = RNG.normal(size=4).astype(np.float32), np.array([1, 1, 0, 1])
     batch = {"label": jnp.asarray(label), "example_weight": jnp.asarray(weight)}
-    terms = model_losses.sequence_regression_loss(jnp.asarray(scores), batch, LossConfig())
+    terms = losses.sequence_regression_loss(jnp.asarray(scores), batch, LossConfig())
     want = np.sum((scores[:, 0].astype(np.float64) - label) ** 2 * weight) / 3
     np.testing.assert_allclose(metrics(terms)["loss"], want, rtol=1e-6)
 
@@ -128,7 +128,7 @@ def test_tagging_loss_and_accuracy_cover_weighted_tokens():
     tags = RNG.integers(0, 4, size=(2, 5))
     weights = np.array([[1, 0, 1, 1, 0], [0, 1, 1, 0, 0]])
     batch = {"tags": jnp.asarray(tags), "tag_weights": jnp.asarray(weights)}
-    got = metrics(model_losses.token_tagging_loss(jnp.asarray(logits), batch, LossConfig(z_loss=Z_LOSS)))
+    got = metrics(losses.token_tagging_loss(jnp.asarray(logits), batch, LossConfig(z_loss=Z_LOSS)))
     ce = np_cross_entropy(logits, tags, Z_LOSS)
     np.testing.assert_allclose(got["loss"], np.sum(ce * weights) / weights.sum(), rtol=1e-6)
     np.testing.assert_allclose(got["accuracy"], np.sum((logits.argmax(-1) == tags) * weights) / weights.sum())
@@ -140,7 +140,7 @@ def test_span_loss_is_the_mean_of_start_and_end_cross_entropy():
     batch = {"answer_start": jnp.asarray(answer_start), "answer_end": jnp.asarray(answer_end),
              "example_weight": jnp.asarray(weight)}  # fmt: skip
     outputs = SpanLogits(jnp.asarray(start), jnp.asarray(end))
-    got = metrics(model_losses.span_question_answering_loss(outputs, batch, LossConfig(z_loss=0.0)))
+    got = metrics(losses.span_question_answering_loss(outputs, batch, LossConfig(z_loss=0.0)))
     per_example = (np_cross_entropy(start, answer_start, 0.0) + np_cross_entropy(end, answer_end, 0.0)) / 2
     np.testing.assert_allclose(got["loss"], np.sum(per_example * weight) / 2, rtol=1e-6)
     right = (start.argmax(-1) == answer_start) & (end.argmax(-1) == answer_end)

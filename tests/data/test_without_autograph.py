@@ -102,8 +102,8 @@ def test_a_familys_converter_gives_the_batches_of_the_same_converter_with_autogr
     import gin
 
     from ptmjax import gin_files
+    from ptmjax.families.model_api import model_api
     from ptmjax.training import loop
-    from ptmjax.training.model_api import model_api
 
     gin_files.parse_gin([run_file], [])
     try:

@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax
 import pytest
 
-from ptmjax.training.model_api import model_api
+from ptmjax.families.model_api import model_api
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ptmjax.decoding import GenerationIds
+from ptmjax.families.model_api import model_api
 from ptmjax.models import GPT2, Bart, EncoderDecoder, T5Config
 from ptmjax.models.bart import BartConfig
 from ptmjax.models.gpt2 import GPT2Config
-from ptmjax.training.model_api import model_api
 
 VOCAB = 48
 EOS = 1

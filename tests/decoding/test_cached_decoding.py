@@ -96,7 +96,7 @@ def test_bfloat16_activations_decode_like_uncached_bfloat16(name, kernel, jit_pr
 def test_gpt2_prompt_and_decode_must_fit_the_position_table():
     module = MODELS["gpt2"]
     params = peaked_params(module)
-    from ptmjax.training.model_api import model_api
+    from ptmjax.families.model_api import model_api
 
     too_long = DecodeConfig(max_decode_length=module.config.max_length)
     with pytest.raises(ValueError, match="exceeds the learned position table"):

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 from ptmjax.decoding import DecodeConfig, GenerationIds
+from ptmjax.families.model_api import model_api
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
 from ptmjax.models.bart import Bart, BartConfig
-from ptmjax.training.model_api import model_api
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

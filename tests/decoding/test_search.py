@@ -13,7 +13,7 @@ from decoding_helpers import IDS, MODELS, peaked_params, prompt_batch
 
 from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.decoding.sampling import filter_logits
-from ptmjax.training.model_api import model_api
+from ptmjax.families.model_api import model_api
 
 LENGTH = 6
 GREEDY = DecodeConfig(max_decode_length=LENGTH)

@@ -10,7 +10,7 @@ from decoding_helpers import ENCODER_INPUTS, IDS, MODELS, PROMPT_SEGMENTS, PROMP
 from ptmjax import partitioning
 from ptmjax.decoding import DecodeConfig
 from ptmjax.decoding.sharded import jit_predict
-from ptmjax.training.model_api import model_api
+from ptmjax.families.model_api import model_api
 
 CONFIGS = {
     "greedy": DecodeConfig(max_decode_length=6),

@@ -12,10 +12,10 @@ from test_evaluator import VOCAB, assert_matches_the_model_api
 
 from ptmjax import cli, gin_files
 from ptmjax.decoding import GenerationIds
+from ptmjax.families.model_api import model_api
 from ptmjax.model_dir import ModelDir
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.training.loop import train
-from ptmjax.training.model_api import model_api
 
 BEST = f"{eval_tasks.SCORE_TASK}/mean_log_likelihood"
 BINDINGS = [

@@ -14,9 +14,9 @@ from ptmjax.data import vocabularies
 from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.evaluation import metrics
 from ptmjax.evaluation.evaluator import InferenceEvaluator
+from ptmjax.families.model_api import model_api
 from ptmjax.models import GPT2
 from ptmjax.models.gpt2 import GPT2Config
-from ptmjax.training.model_api import model_api
 
 VOCAB = vocabularies.stdlib_sentencepiece_vocabulary()
 GPT = GPT2(GPT2Config(

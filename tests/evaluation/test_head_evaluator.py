@@ -16,6 +16,7 @@ from ptmjax.data.qa_task import QA_TASK
 from ptmjax.data.tagging_task import TAGGING_TASK, TAGS
 from ptmjax.evaluation import metrics
 from ptmjax.evaluation.head_evaluator import HeadEvaluator
+from ptmjax.families.model_api import model_api
 from ptmjax.models import (
     BertConfig,
     EncoderForQuestionAnswering,
@@ -24,7 +25,6 @@ from ptmjax.models import (
 )
 from ptmjax.partitioning import MeshConfig
 from ptmjax.training import loop
-from ptmjax.training.model_api import model_api
 
 CONFIG = BertConfig(vocab_size=2176, d_model=32, num_heads=2, num_layers=2, d_ff=64, max_length=64,
                     dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip

@@ -7,7 +7,7 @@ import pytest
 
 import ptmjax
 from ptmjax.decoding import DecodeConfig
-from ptmjax.training.model_api import model_api
+from ptmjax.families.model_api import model_api
 
 TEXTS = ["def f(x):", "Return.", "a + b", "sort it", "x = 1", "pass", "if x:", "for i", "Ok", "yes", "no!"]
 TARGETS = ["y", "b  ", "sum", "in place", "x", "z", "else", "range", "ok", "no", "yes"]

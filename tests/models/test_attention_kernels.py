@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from ptmjax.decoding import DecodeConfig, GenerationIds
+from ptmjax.families.model_api import model_api
 from ptmjax.models import GPT2, Bert, BertConfig, EncoderDecoder, GPT2Config, T5Config
-from ptmjax.training.model_api import model_api
 
 VOCAB, ROWS, LENGTH = 40, 3, 6
 T5 = T5Config(

@@ -19,12 +19,12 @@ import optax
 import pytest
 
 from ptmjax import partitioning
+from ptmjax.families.model_api import model_api
 from ptmjax.layers import mixed_precision
 from ptmjax.layers.layer_stack import REMAT_POLICIES
 from ptmjax.layers.moe import MoeBlock
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.model_api import model_api
 from ptmjax.training.trainer import Trainer
 
 # spec, shapes, and the backward einsums written out by hand (da, db), ellipsis spelt 'xy'

@@ -19,6 +19,7 @@ from flax import linen as nn
 from ptmjax import partitioning
 from ptmjax.adapt.prefix_tuning import prefix_tuning
 from ptmjax.decoding import DecodeConfig, GenerationIds
+from ptmjax.families.model_api import model_api
 from ptmjax.layers import pallas_attention
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import (
@@ -30,7 +31,6 @@ from ptmjax.layers.attention_mask import (
     prefix_lm_self_mask,
 )
 from ptmjax.models import GPT2, EncoderDecoder
-from ptmjax.training.model_api import model_api
 
 HEADS, HEAD_DIM, EMBED = TINY_ATTENTION
 SEGMENTS = np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 2, 2], [1, 1, 1, 1, 0, 0]])

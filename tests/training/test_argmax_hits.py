@@ -1,10 +1,10 @@
-"""`ptmjax/training/losses.py`'s `argmax_hits` against `jnp.argmax`: random logits, ties at the maximum (the first
+"""`ptmjax/families/token_loss.py`'s `argmax_hits` against `jnp.argmax`: random logits, ties at the maximum (the first
 index wins, as argmax chooses), all-equal logits, and targets out of the vocabulary's range."""
 
 import jax.numpy as jnp
 import numpy as np
 
-from ptmjax.training.losses import argmax_hits
+from ptmjax.families.token_loss import argmax_hits
 
 
 def test_argmax_hits_equal_jnp_argmax_with_ties_and_out_of_range_targets():

@@ -12,10 +12,10 @@ import optax
 import pytest
 
 from ptmjax import partitioning
+from ptmjax.families.model_api import model_api
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.models import GPT2, Bart, BartConfig, Bert, BertConfig, EncoderDecoder, GPT2Config, T5Config
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import model_api
 from ptmjax.training.trainer import Trainer
 
 VOCAB, ROWS, LENGTH = 48, 4, 6

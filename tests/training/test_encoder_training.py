@@ -15,9 +15,9 @@ import optax
 import pytest
 
 from ptmjax import partitioning
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.models import Bert, BertConfig
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.losses import LossConfig
 from ptmjax.training.trainer import Trainer
 
 CONFIG = BertConfig(

@@ -17,9 +17,9 @@ import pytest
 
 from ptmjax import gin_files, partitioning
 from ptmjax.data import pipeline
+from ptmjax.families.registry import family_of
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import family_of
 from ptmjax.training.trainer import Trainer
 
 # run file -> (task feature lengths, metrics to compare)

@@ -7,9 +7,9 @@ import numpy as np
 import optax
 import pytest
 
+from ptmjax.families.model_api import model_api
 from ptmjax.models import Bert, BertConfig, EncoderDecoder, T5Config
 from ptmjax.training.layer_depth import by_layer_depth, depths, gradual_unfreezing, layerwise_lr_decay
-from ptmjax.training.model_api import model_api
 from ptmjax.training.schedules import slanted_triangular
 from ptmjax.tree_paths import leaves_by_path
 

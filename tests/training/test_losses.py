@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ptmjax.training.losses import LossConfig, token_cross_entropy
+from ptmjax.families.token_loss import LossConfig, token_cross_entropy
 
 
 def reference_loss(logits, targets, z_loss, label_smoothing):

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from ptmjax.families.model_api import model_api
+from ptmjax.families.registry import DECODER_ONLY, MASKED_LM_WITH_SENTENCE_PAIRS, T5_SEQUENCE_TO_SEQUENCE
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.models import GPT2, Bert, BertConfig, EncoderDecoder, GPT2Config, T5Config
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import DECODER_ONLY, MASKED_LM_WITH_SENTENCE_PAIRS, SEQUENCE_TO_SEQUENCE, model_api
 
 T5 = T5Config(
     vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_encoder_layers=2, num_decoder_layers=2,
@@ -38,7 +39,7 @@ def seq2seq_batch(rng: np.random.Generator) -> dict[str, jax.Array]:
 
 
 def test_families_are_found_by_class_and_config():
-    assert model_api(EncoderDecoder(T5)).family is SEQUENCE_TO_SEQUENCE
+    assert model_api(EncoderDecoder(T5)).family is T5_SEQUENCE_TO_SEQUENCE
     assert model_api(GPT2(GPT)).family is DECODER_ONLY
     assert model_api(Bert(BERT)).family is MASKED_LM_WITH_SENTENCE_PAIRS
     with pytest.raises(ValueError, match=r"does not know model class Dense; known: .*EncoderDecoderInterface"):

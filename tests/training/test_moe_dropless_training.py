@@ -12,9 +12,9 @@ import pytest
 from sharding_helpers import mesh_preset
 
 from ptmjax import partitioning
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.losses import LossConfig
 from ptmjax.training.trainer import Trainer
 
 ROWS, LENGTH, VOCAB = 8, 8, 64

@@ -25,11 +25,11 @@ from flax import linen as nn
 from sharding_helpers import assert_laid_out_by_rules, mesh_preset
 
 from ptmjax import partitioning
+from ptmjax.families.registry import SEQUENCE_TO_SEQUENCE
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.layers.layer_stack import scan, unscan
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import SEQUENCE_TO_SEQUENCE
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainer import Trainer
 

@@ -22,8 +22,8 @@ import pytest
 
 from ptmjax import gin_files, partitioning
 from ptmjax.data import pipeline
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import family_of
+from ptmjax.families.registry import family_of
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.schedules import rsqrt_with_warmup
 from ptmjax.training.trainer import Trainer

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ptmjax import partitioning
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.models import GPT2, GPT2Config
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.losses import LossConfig
 from ptmjax.training.nonfinite import FINITE
 from ptmjax.training.optimizers import adamw
 from ptmjax.training.trainer import Trainer

@@ -18,11 +18,11 @@ import pytest
 from sharding_helpers import assert_laid_out_by_rules
 
 from ptmjax import partitioning
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.layers.layer_stack import scan, unscan
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.partitioning import MeshConfig
 from ptmjax.training.layer_depth import by_layer_depth
-from ptmjax.training.losses import LossConfig
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainer import Trainer

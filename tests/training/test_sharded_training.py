@@ -18,9 +18,9 @@ import pytest
 from sharding_helpers import assert_laid_out_by_rules, mesh_preset
 
 from ptmjax import partitioning
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.losses import LossConfig
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.schedules import rsqrt_with_warmup
 from ptmjax.training.trainer import Trainer

@@ -15,11 +15,11 @@ import pytest
 from flax import linen as nn
 
 from ptmjax import partitioning
+from ptmjax.families.model_api import model_api
+from ptmjax.families.token_loss import LossConfig
 from ptmjax.layers.layer_stack import scan, unscan
 from ptmjax.models import GPT2, GPT2Config
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.losses import LossConfig
-from ptmjax.training.model_api import model_api
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainer import Trainer
 from ptmjax.tree_paths import leaves_by_path, path_name

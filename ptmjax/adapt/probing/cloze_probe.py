@@ -2,11 +2,10 @@
 
 A masked LM (the BERT family) reads the cloze with its mask id at the blank and ranks its MLM logits
 there; T5 reads it with `<extra_id_0>` at the blank and ranks the decoder's logits for the token
-after `<extra_id_0>` (decoder inputs: the start id 0, then the sentinel), as span corruption taught
-it. Only single-token answers count: an answer must be one id in the model's vocabulary, encoded
-as it stands in the text (after a space unless the blank opens the cloze). The default set is the
-embedded cloze QA task's questions ('ptmjax_stdlib_code_qa', a code identifier or literal blanked
-out of a stdlib docstring); `cloze_set` keeps those whose answer is a single token.
+after `<extra_id_0>` (ptmjax/families/cloze_logits.py). Only single-token answers count: an answer must
+be one id in the model's vocabulary, encoded as it stands in the text (after a space unless the blank
+opens the cloze). The default set is the embedded cloze QA task's questions ('ptmjax_stdlib_code_qa', a
+code identifier or literal blanked out of a stdlib docstring); `cloze_set` keeps those whose answer is a single token.
 """
 
 from __future__ import annotations
@@ -22,10 +21,7 @@ import numpy as np
 
 from ptmjax.adapt.probing.text_rows import TextRows, batches
 from ptmjax.data import qa_task
-from ptmjax.models.encoder import MaskedLMEncoder
-from ptmjax.models.t5 import EncoderDecoder
-
-T5_DECODER_START = 0
+from ptmjax.families.registry import family_of
 
 
 class Cloze(NamedTuple):
@@ -79,8 +75,8 @@ def cloze_set(clozes: Sequence[Cloze], text_rows: TextRows, max_length: int | No
 
 
 def supports_cloze(module: nn.Module) -> bool:
-    """Whether `module` ranks a blank: a masked LM of the BERT family, or T5."""
-    return isinstance(module, MaskedLMEncoder | EncoderDecoder)
+    """Whether `module` ranks a blank: a masked LM of the BERT family, or T5 (its family's `cloze_logits`)."""
+    return family_of(module).cloze_logits is not None
 
 
 def precision_at_k(logits: np.ndarray, answers: Sequence[int], k: int = 1) -> float:
@@ -96,19 +92,8 @@ class ClozeRanker:
         if not supports_cloze(module):
             raise ValueError(f"cloze probing ranks a masked LM (BERT family) or T5, not {type(module).__name__}")
         self.module, self.params, self.mask_id, self.pad_id = module, jax.device_put(params), mask_id, pad_id
-        self._logits = jax.jit(self._mlm_logits if isinstance(module, MaskedLMEncoder) else self._t5_logits)
-
-    def _mlm_logits(self, params: Any, tokens: jax.Array, blanks: jax.Array) -> jax.Array:
-        """The MLM logits at each row's blank: [b, vocab]."""
-        logits = self.module.apply({"params": params}, tokens, method=lambda m, t: m.mlm_logits(m.encode(t)))
-        return jnp.take_along_axis(logits, blanks[:, None, None], axis=1)[:, 0]  # [b, vocab]
-
-    def _t5_logits(self, params: Any, tokens: jax.Array, blanks: jax.Array) -> jax.Array:
-        """The decoder's logits after `<extra_id_0>`: [b, vocab] (the sentinel marks the blank: `blanks` unread)."""
-        start = jnp.full((tokens.shape[0], 1), T5_DECODER_START, tokens.dtype)
-        decoder_inputs = jnp.concatenate([start, jnp.full_like(start, self.mask_id)], axis=1)
-        logits = self.module.apply({"params": params}, tokens, decoder_inputs)  # [b, 2, vocab]
-        return logits[:, 1]
+        blank_logits = family_of(module).cloze_logits
+        self._logits = jax.jit(lambda p, tokens, blanks: blank_logits(module, p, tokens, blanks, mask_id))
 
     def logits(self, clozes: ClozeSet, batch_size: int) -> np.ndarray:
         """float32 [n, vocab] at the blanks of `clozes`."""

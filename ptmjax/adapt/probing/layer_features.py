@@ -22,40 +22,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ptmjax.families.family import ProbedStack
+from ptmjax.families.registry import family_of
 from ptmjax.layers import layer_stack
-from ptmjax.models import GPT2
-from ptmjax.models.encoder import PostLNEncoder
-from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 
 LAYER_NAME = re.compile(r"layers_(\d+)")
 ATTENTION = "attention"  # the self-attention module of every probed layer
 
 
-@dataclasses.dataclass(frozen=True)
-class ProbedStack:
-    """Where a model's probed layers are: the method returning the stack's final states, its token
-    argument, the layers' parent path, and the padding id (GPT-2 masks none: after the real ids, causal
-    attention keeps padding from changing them)."""
-
-    method: str
-    tokens_field: str
-    path: tuple[str, ...]
-    pad_id: int
-
-
 def probed_stack(module: nn.Module) -> ProbedStack:
-    """The stack probed in `module`; raises for a model class without one."""
-    pad_id = getattr(module.config, "pad_token_id", 0)
-    if isinstance(module, PostLNEncoder):
-        return ProbedStack("encode", "input_tokens", (), pad_id)
-    if isinstance(module, GPT2):
-        return ProbedStack("hidden_states", "decoder_input_tokens", (), 0)
-    if isinstance(module, EncoderDecoderInterface):
-        return ProbedStack("encode", "encoder_input_tokens", ("encoder",), pad_id)
-    raise ValueError(
-        f"probing reads the encoder family (BERT, RoBERTa, ALBERT, ELECTRA), GPT-2 and the encoder of T5 and BART, "
-        f"not {type(module).__name__}; pass one of those models"
-    )
+    """The stack probed in `module` (its family's); raises for a model without one."""
+    stack = family_of(module).probed_stack
+    if stack is None:
+        raise ValueError(
+            f"probing reads the encoder family (BERT, RoBERTa, ALBERT, ELECTRA), GPT-2 and the encoder of T5 and "
+            f"BART, not {type(module).__name__}; pass one of those models"
+        )
+    return stack(module)
 
 
 def plain_model(module: nn.Module, params: Any) -> tuple[nn.Module, Any]:

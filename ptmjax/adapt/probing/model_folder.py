@@ -12,8 +12,8 @@ import seqio
 
 from ptmjax import gin_files
 from ptmjax.adapt.probing.layer_features import plain_model
+from ptmjax.families.model_api import model_api
 from ptmjax.model_dir import CONFIG_FILE, ModelDir
-from ptmjax.training.model_api import model_api
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import seqio
 
 from ptmjax.adapt.probing.layer_features import padded_batch
 from ptmjax.data.hf_tokenizer_vocabulary import HfTokenizerVocabulary
-from ptmjax.models import GPT2
+from ptmjax.families.registry import family_of
 
 FIRST_TOKENS = ("[CLS]", "<s>")
 MASK_TOKENS = ("[MASK]", "<mask>")
@@ -40,7 +40,7 @@ class TextRows:
 
     @classmethod
     def of(cls, module: nn.Module, vocabulary: seqio.Vocabulary) -> TextRows:
-        if isinstance(module, GPT2):
+        if family_of(module).decoder_only:
             return cls(vocabulary, (), ())
         first = _token_id(vocabulary, FIRST_TOKENS)
         eos = vocabulary.eos_id

@@ -34,8 +34,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from ptmjax.training.chunked_logits import chunked_token_cross_entropy
-from ptmjax.training.losses import LossConfig, argmax_hits, token_cross_entropy
+from ptmjax.families.chunked_logits import chunked_token_cross_entropy
+from ptmjax.families.token_loss import LossConfig, argmax_hits, token_cross_entropy
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -125,7 +125,7 @@ def chunked_sequence_to_sequence_loss(
     logits_fn: Callable[[Array], Array], hidden: Array, batch: Batch, loss_config: LossConfig
 ) -> LossTerms:
     """`sequence_to_sequence_loss(logits_fn(hidden), ...)` with the logits made
-    `loss_config.logits_chunk_size` positions at a time (ptmjax/training/chunked_logits.py)."""
+    `loss_config.logits_chunk_size` positions at a time (ptmjax/families/chunked_logits.py)."""
     terms = chunked_token_cross_entropy(
         logits_fn, hidden, batch["decoder_target_tokens"], loss_config.logits_chunk_size, loss_config.z_loss,
         loss_config.label_smoothing,

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ptmjax.evaluation.span_search import best_span
+from ptmjax.families.span_search import best_span
 
 Array = jax.Array
 MAX_ANSWER_LENGTH = 30  # tokens, as Hugging Face's question-answering examples

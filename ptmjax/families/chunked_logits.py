@@ -14,7 +14,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from ptmjax.training.losses import argmax_hits, token_cross_entropy
+from ptmjax.families.token_loss import argmax_hits, token_cross_entropy
 
 Array = jax.Array
 

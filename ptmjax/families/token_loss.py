@@ -25,7 +25,7 @@ class LossConfig:
       logits_chunk_size: None computes all logits at once; a number of positions computes the
         output layer and the loss that many positions at a time, recomputing each chunk in the
         backward pass, so float32 logits never exist for the whole batch (T5, BART, GPT-2;
-        ptmjax/training/chunked_logits.py).
+        ptmjax/families/chunked_logits.py).
     """
 
     z_loss: float = 1e-4
