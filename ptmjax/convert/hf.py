@@ -199,7 +199,7 @@ def save(model: nn.Module, params: Mapping[str, Any], path: str, generation_ids:
         for name, (part, part_params) in family.parts(model, params).items():
             save(part, part_params, os.path.join(path, name), generation_ids)
         return path
-    if hf_task_heads.is_task_model(model):
+    if family.task_head is not None:
         hf_config, state = hf_task_heads.to_hf_config(model), hf_task_heads.params_to_hf(params, model)
     else:
         converter, hf_class, head = head_of_model(model)

@@ -79,10 +79,6 @@ def task_class_of_config(hf_config: Mapping[str, Any]) -> TaskClass | None:
     return None
 
 
-def is_task_model(model: nn.Module) -> bool:
-    return family_of(model).task_head is not None
-
-
 def task_class_of_model(model: nn.Module) -> TaskClass:
     """The HF class holding exactly `model`'s parameters."""
     family = family_of(model)

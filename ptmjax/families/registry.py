@@ -15,7 +15,7 @@ from flax import linen as nn
 
 from ptmjax import decoding
 from ptmjax.families import cloze_logits, head_predictions, losses
-from ptmjax.families.family import ConverterName, Family, Kind, ProbedStack, token_inputs
+from ptmjax.families.family import HEAD_CONVERTERS, ConverterName, Family, Kind, ProbedStack, token_inputs
 from ptmjax.models import GPT2
 from ptmjax.models.electra import ElectraDiscriminator, ElectraGenerator, ElectraPretraining
 from ptmjax.models.encoder import MaskedLMEncoder, PostLNEncoder
@@ -32,7 +32,6 @@ from ptmjax.models.t5 import EncoderDecoder
 
 SEQIO = "seqio"
 PTMJAX_CONVERTERS = "ptmjax.data.feature_converters"
-HEAD_CONVERTERS = "ptmjax.data.task_head_converters"
 
 
 def _pad_id(module: nn.Module) -> int:

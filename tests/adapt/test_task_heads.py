@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 from ptmjax.data import task_head_converters as thc
-from ptmjax.families.span_search import best_span
 from ptmjax.families import losses
+from ptmjax.families.span_search import best_span
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.models.encoder_tasks import SpanLogits
 

@@ -91,7 +91,7 @@ class ClozeRanker:
     def __init__(self, module: nn.Module, params: Any, mask_id: int, pad_id: int):
         if not supports_cloze(module):
             raise ValueError(f"cloze probing ranks a masked LM (BERT family) or T5, not {type(module).__name__}")
-        self.module, self.params, self.mask_id, self.pad_id = module, jax.device_put(params), mask_id, pad_id
+        self.params, self.pad_id = jax.device_put(params), pad_id
         blank_logits = family_of(module).cloze_logits
         self._logits = jax.jit(lambda p, tokens, blanks: blank_logits(module, p, tokens, blanks, mask_id))
 
