@@ -34,7 +34,7 @@ jax.config.update("jax_platforms", "cpu")  # compile-only: local accelerators ar
 
 from ptmjax import gin_files  # noqa: E402
 from ptmjax.tools import aot_compile as aot  # noqa: E402
-from ptmjax.training import loop  # noqa: E402
+from ptmjax.training import run  # noqa: E402
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 RESULTS = DOCS / "aot_compile.json"
@@ -117,7 +117,7 @@ def compile_row(row: Row) -> dict:
     """Compiles one row; returns its JSON record."""
     gin.clear_config()
     gin_files.parse_gin(row.gin_files, row.bindings)
-    spec = loop.run_spec_from_gin()
+    spec = run.run_spec_from_gin()
     gin.clear_config()
     step = aot.compile_train_step(spec, aot.get_topology(row.topology, row.num_slices))
     report = step.report

@@ -5,7 +5,7 @@
 
 Each row is one run configuration (a `gin_configs/runs/` demo, or the demo
 with another objective's task): its training dataset built as `ptmjax train`
-builds it (`loop.run_dataset`: the seqio task, the family's feature
+builds it (`prepared_run.run_dataset`: the seqio task, the family's feature
 converter, packing, batching, shuffling with the run's seed), read as numpy
 batches for `--batches` batches after the first (its time is shown apart),
 against the same run's jitted train step on its first batch, timed for
@@ -49,7 +49,7 @@ import train_throughput  # noqa: E402
 
 from ptmjax import partitioning  # noqa: E402
 from ptmjax.gin_files import parse_gin  # noqa: E402
-from ptmjax.training import loop  # noqa: E402
+from ptmjax.training import prepared_run, run  # noqa: E402
 
 DEMO = ["runs/demo.gin"]
 
@@ -84,7 +84,7 @@ def measure(gin_files: list[str], bindings: list[str], batches: int, steps: int,
     """Pipeline and step rates of one run configuration."""
     gin.clear_config()
     parse_gin(gin_files, bindings)
-    spec = loop.run_spec_from_gin()
+    spec = run.run_spec_from_gin()
     bound = gin.get_bindings("train")
     name = bound.get("mixture_or_task_name", "ptmjax_pretrain")
     name = getattr(name, "name", name)
@@ -94,7 +94,7 @@ def measure(gin_files: list[str], bindings: list[str], batches: int, steps: int,
     fields = trainer.api.family.init_fields
 
     start = time.perf_counter()
-    dataset = loop.run_dataset(name, "train", spec.task_feature_lengths, spec.batch_size,
+    dataset = prepared_run.run_dataset(name, "train", spec.task_feature_lengths, spec.batch_size,
                                trainer.api.family.feature_converter, seed=seed, pack=pack, shuffle=True)  # fmt: skip
     iterator = dataset.as_numpy_iterator()
     first = next(iterator)

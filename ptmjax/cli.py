@@ -221,7 +221,7 @@ def run_train(args: argparse.Namespace) -> int:
 
         jax.config.update("jax_num_cpu_devices", args.num_cpu_devices)
     from ptmjax.gin_files import parse_gin
-    from ptmjax.training.loop import train
+    from ptmjax.training.run import train
 
     gin_files = parse_gin(args.gin_file or [DEFAULT_GIN_FILE], args.gin_bindings)
     if args.distributed:

@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from ptmjax import cli
-from ptmjax.training import loop, multihost
+from ptmjax.training import multihost, run
 from ptmjax.training.multihost import initialize_distributed
 
 
@@ -65,9 +65,9 @@ def test_train_distributed_initializes_from_gin_before_training(calls, monkeypat
 
     def fake_train(model_dir):
         order.append("train")
-        return loop.TrainResult(model_dir, 0, None, {}, False, {})
+        return run.TrainResult(model_dir, 0, None, {}, False, {})
 
-    monkeypatch.setattr(loop, "train", fake_train)
+    monkeypatch.setattr(run, "train", fake_train)
     args = cli._parser().parse_args([
         "train", "--distributed", f"--model_dir={tmp_path}", "--gin_file=mesh/dp.gin",
         "--gin_bindings=initialize_distributed.coordinator_address = '10.0.0.1:1234'",

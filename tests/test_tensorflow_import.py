@@ -53,7 +53,7 @@ IMPORTS = textwrap.dedent(
     if sys.argv[1] == "cli":
         tensorflow_import.hold_back(tensorflow_import.KERAS_EXTRAS)
     import tensorflow as tf
-    import ptmjax.configurables, ptmjax.training.loop
+    import ptmjax.configurables, ptmjax.training.run
     with_tensorflow = sorted(name for name in tensorflow_import.KERAS_EXTRAS if name in sys.modules)
     from keras.src.wrappers import sklearn_wrapper
     from ptmjax.evaluation import metrics

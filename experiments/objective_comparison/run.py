@@ -3,7 +3,7 @@ downstream task, and tabulate pre-training loss, downstream accuracy and wall ti
 
 Run: python experiments/objective_comparison/run.py [--full] [--model_gin models/t5_1_1_small.gin]
 
-Every run goes through ptmjax's own trainer (`parse_gin` + `loop.train`) with the gin files next to
+Every run goes through ptmjax's own trainer (`parse_gin` + `run.train`) with the gin files next to
 this script: `pretrain.gin` for each objective's task, then `finetune.gin` on
 'ptmjax_stdlib_module_classification' from `train.init_checkpoint` (or from scratch: the baseline).
 The fine-tuned model is scored by rank classification (`ptmjax.evaluation.rank_classification`).
@@ -38,7 +38,7 @@ from ptmjax.families.model_api import model_api
 from ptmjax.families.registry import family_of
 from ptmjax.gin_files import parse_gin, read_model_config, resolve_gin_file
 from ptmjax.model_dir import ModelDir
-from ptmjax.training.loop import train
+from ptmjax.training.run import train
 
 EXPERIMENT_DIR = pathlib.Path(__file__).resolve().parent
 REPO_DIR = EXPERIMENT_DIR.parents[1]

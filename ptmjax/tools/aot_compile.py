@@ -27,7 +27,7 @@ import jax
 from ptmjax import partitioning
 from ptmjax.families.registry import family_of
 from ptmjax.tools.inspection import format_bytes
-from ptmjax.training import loop
+from ptmjax.training import run
 from ptmjax.training.run_spec import RunSpec
 
 GiB = 2**30
@@ -269,6 +269,6 @@ def main(args: argparse.Namespace) -> int:
     except LibtpuMissingError as error:
         raise SystemExit(f"ptmjax compile: {error}") from None
     parse_gin(args.gin_file, args.gin_bindings)
-    report = compile_train_step(loop.run_spec_from_gin(), topology).report
+    report = compile_train_step(run.run_spec_from_gin(), topology).report
     print(report)
     return 1 if report.fits is False else 0

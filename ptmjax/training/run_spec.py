@@ -20,8 +20,8 @@ from ptmjax.training.trainer import Trainer
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """The model, optimizer, schedule, loss, mesh and batch of a run: `ptmjax.training.loop.train`'s
-    arguments of these names. `loop.run_spec_from_gin()` reads it from the parsed gin config.
+    """The model, optimizer, schedule, loss, mesh and batch of a run: `ptmjax.training.run.train`'s
+    arguments of these names. `run.run_spec_from_gin()` reads it from the parsed gin config.
 
     None takes the default: T5's rsqrt schedule with warmup, `LossConfig()` and
     `MeshConfig()` with their gin bindings.

@@ -14,7 +14,7 @@ from ptmjax.adapt.lora import LORA_PARAMS
 from ptmjax.convert import checkpoint
 from ptmjax.families.model_api import model_api
 from ptmjax.model_dir import ModelDir
-from ptmjax.training import loop
+from ptmjax.training import run
 from ptmjax.tree_paths import shapes_by_path
 
 SHORT = ["train.task_feature_lengths = {'inputs': 32, 'targets': 8}", "train.batch_size = 8", "train.num_steps = 2",
@@ -25,7 +25,7 @@ SHORT = ["train.task_feature_lengths = {'inputs': 32, 'targets': 8}", "train.bat
 def train(run_file: str, model_dir, *bindings: str) -> None:
     gin_files.parse_gin([run_file], [*SHORT, *bindings])
     try:
-        loop.train(str(model_dir))
+        run.train(str(model_dir))
     finally:
         gin.clear_config()
 

@@ -136,9 +136,9 @@ def test_cli_convert_both_ways_and_fine_tune_from_the_import(tmp_path):
          "warmup_cosine.peak_learning_rate = 0.0", "warmup_cosine.warmup_steps = 1"],
     )  # fmt: skip
     try:
-        from ptmjax.training import loop
+        from ptmjax.training import run
 
-        loop.train(str(tmp_path / "finetune"))
+        run.train(str(tmp_path / "finetune"))
     finally:
         gin.clear_config()
     abstract = model_api(hf.load(str(tmp_path / "hf"))[0]).abstract_params

@@ -12,7 +12,7 @@ import pytest
 from ptmjax import gin_files, partitioning
 from ptmjax.data import objective_tasks, pipeline
 from ptmjax.models import EncoderDecoder, T5Config
-from ptmjax.training.loop import train
+from ptmjax.training.run import train
 from ptmjax.training.trainer import Trainer
 
 LENGTHS = {"inputs": 64, "targets": 32}

@@ -103,11 +103,11 @@ def test_a_familys_converter_gives_the_batches_of_the_same_converter_with_autogr
 
     from ptmjax import gin_files
     from ptmjax.families.model_api import model_api
-    from ptmjax.training import loop
+    from ptmjax.training import run
 
     gin_files.parse_gin([run_file], [])
     try:
-        spec = loop.run_spec_from_gin()
+        spec = run.run_spec_from_gin()
         name = gin.query_parameter("train.mixture_or_task_name")
     finally:
         gin.clear_config()

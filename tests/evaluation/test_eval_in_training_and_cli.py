@@ -15,7 +15,7 @@ from ptmjax.decoding import GenerationIds
 from ptmjax.families.model_api import model_api
 from ptmjax.model_dir import ModelDir
 from ptmjax.models import EncoderDecoder, T5Config
-from ptmjax.training.loop import train
+from ptmjax.training.run import train
 
 BEST = f"{eval_tasks.SCORE_TASK}/mean_log_likelihood"
 BINDINGS = [

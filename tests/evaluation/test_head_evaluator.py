@@ -24,7 +24,7 @@ from ptmjax.models import (
     EncoderForTokenClassification,
 )
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training import loop
+from ptmjax.training import run
 
 CONFIG = BertConfig(vocab_size=2176, d_model=32, num_heads=2, num_layers=2, d_ff=64, max_length=64,
                     dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
@@ -91,7 +91,7 @@ def test_head_fine_tuning_from_gin_over_a_pretrained_bert(tmp_path, capsys):
     for run_file, name, bindings in runs:
         gin_files.parse_gin([run_file], [*short, *bindings])
         try:
-            result = loop.train(str(tmp_path / name))
+            result = run.train(str(tmp_path / name))
         finally:
             gin.clear_config()
     out = capsys.readouterr().out

@@ -10,7 +10,7 @@ import pytest
 import ptmjax
 from ptmjax import gin_files, partitioning
 from ptmjax.data import corpus
-from ptmjax.training import loop
+from ptmjax.training import run
 
 RUN_BINDINGS = (
     "train.mixture_or_task_name = 'ptmjax_stdlib_span_corruption_byte'",
@@ -25,7 +25,7 @@ RUN_BINDINGS = (
 def train_tiny_run(model_dir: str) -> str:
     gin_files.parse_gin(["models/t5_1_1_tiny.gin", "runs/pretrain.gin", "mesh/dp.gin"], RUN_BINDINGS)
     try:
-        loop.train(model_dir)
+        run.train(model_dir)
     finally:
         gin.clear_config()
     return model_dir

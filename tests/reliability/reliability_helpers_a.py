@@ -11,7 +11,7 @@ from ptmjax.model_dir import ModelDir
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.training import run_spec
 from ptmjax.training.checkpoints import Checkpointer
-from ptmjax.training.loop import TrainResult, train
+from ptmjax.training.run import TrainResult, train
 from ptmjax.training.trainer import Trainer
 
 CONFIG = T5Config(

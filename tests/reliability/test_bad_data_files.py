@@ -6,7 +6,7 @@ import pytest
 
 from ptmjax.data import pipeline, tasks, text_files, vocabularies
 from ptmjax.models import EncoderDecoder, T5Config
-from ptmjax.training.loop import train
+from ptmjax.training.run import train
 
 CONFIG = T5Config(
     vocab_size=2176, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=1,

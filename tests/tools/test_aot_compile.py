@@ -10,7 +10,7 @@ import pytest
 
 from ptmjax import cli, gin_files, partitioning
 from ptmjax.tools import aot_compile as aot
-from ptmjax.training import loop
+from ptmjax.training import run
 from ptmjax.training.run_spec import RunSpec
 
 TINY = [
@@ -26,7 +26,7 @@ def spec_from(files, bindings) -> RunSpec:
     gin.clear_config()
     try:
         gin_files.parse_gin(files, bindings)
-        return loop.run_spec_from_gin()
+        return run.run_spec_from_gin()
     finally:
         gin.clear_config()
 
@@ -60,7 +60,7 @@ def test_unknown_topology_names_the_known_generations():
 def test_gin_without_a_model_names_the_missing_binding():
     gin.clear_config()
     with pytest.raises(ValueError, match="bind no train.model"):
-        loop.run_spec_from_gin()
+        run.run_spec_from_gin()
 
 
 def test_memory_report_is_the_executables_own_and_covers_the_sharded_state(cpu_compile):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ptmjax import gin_files
-from ptmjax.training import loop
+from ptmjax.training import run
 
 # run file -> (task feature lengths, metrics the family must report)
 RUNS = {
@@ -36,7 +36,7 @@ def test_family_trains_with_its_native_objective(tmp_path, run_file):
     ]  # fmt: skip
     gin_files.parse_gin([run_file], bindings)
     try:
-        result = loop.train(str(tmp_path))
+        result = run.train(str(tmp_path))
     finally:
         gin.clear_config()
     records = result_records(tmp_path)

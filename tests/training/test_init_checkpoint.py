@@ -131,7 +131,7 @@ def test_init_checkpoint_without_checkpoints_fails_first_and_creates_nothing(tmp
     import gin
 
     from ptmjax import gin_files
-    from ptmjax.training import loop, run_spec
+    from ptmjax.training import run, run_spec
 
     empty = tmp_path / "not_a_run"
     empty.mkdir()
@@ -144,7 +144,7 @@ def test_init_checkpoint_without_checkpoints_fails_first_and_creates_nothing(tmp
     gin_files.parse_gin(["runs/demo.gin"], [f"train.init_checkpoint = '{empty}'", "train.show_progress = False"])
     try:
         with pytest.raises(FileNotFoundError, match=r"no checkpoint under .*not_a_run/checkpoints"):
-            loop.train(str(tmp_path / "new_run"))
+            run.train(str(tmp_path / "new_run"))
     finally:
         gin.clear_config()
     assert sorted(os.listdir(empty)) == ["notes.txt"]

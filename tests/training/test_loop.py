@@ -13,10 +13,10 @@ from tensorboard_helpers import tensorboard_scalars
 from ptmjax import partitioning
 from ptmjax.data import tasks  # noqa: F401  (registers the tasks)
 from ptmjax.models import EncoderDecoder, T5Config
-from ptmjax.training import loop, run_spec
+from ptmjax.training import run_spec, step_clock
 from ptmjax.training.checkpoints import Checkpointer
-from ptmjax.training.loop import train
 from ptmjax.training.optimizers import adafactor
+from ptmjax.training.run import train
 from ptmjax.training.schedules import rsqrt_with_warmup
 from ptmjax.training.trainer import Trainer
 
@@ -176,7 +176,7 @@ def test_a_run_whose_newest_checkpoint_already_ends_it_compiles_no_step(tmp_path
 def test_step_times_leave_out_the_first_step_and_tensorboard_has_train_and_eval_runs(tmp_path, monkeypatch):
     """A fake clock: the first step (the compile) takes 100 s, later ones 1 s; evaluation no time."""
     clock = types.SimpleNamespace(now=0.0)
-    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    monkeypatch.setattr(step_clock, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
 
     class SlowFirstStep(Trainer):
         def train_step(self, *args):

@@ -13,8 +13,8 @@ from ptmjax import partitioning
 from ptmjax.data import pipeline, tasks
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.training.checkpoints import Checkpointer
-from ptmjax.training.loop import train
 from ptmjax.training.prefetch import DevicePrefetcher
+from ptmjax.training.run import train
 
 LENGTHS = {"inputs": 32, "targets": 8}
 CONFIG = T5Config(

@@ -11,7 +11,7 @@ from ptmjax.data import tasks  # noqa: F401  (registers the tasks)
 from ptmjax.families.model_api import model_api
 from ptmjax.model_dir import ModelDir
 from ptmjax.models import EncoderDecoder, T5Config
-from ptmjax.training.loop import train
+from ptmjax.training.run import train
 from ptmjax.tree_paths import leaves_by_path, shapes_by_path
 
 CONFIG = T5Config(

@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     jax.config.update("jax_num_cpu_devices", 8)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     from ptmjax.gin_files import parse_gin
-    from ptmjax.training import compilation_cache, loop
+    from ptmjax.training import compilation_cache, run
     from ptmjax import partitioning
     events = collections.Counter()
     monitoring.register_event_listener(lambda name, **kwargs: events.update([name.rsplit("/", 1)[-1]]))
@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(
     report["in_use"] = compilation_cache.use_compilation_cache()
     parse_gin(["runs/demo.gin"], ["train.batch_size = 8", "train.task_feature_lengths = {'inputs': 32, 'targets': 8}",
                                   "T5Config.num_encoder_layers = 1", "T5Config.num_decoder_layers = 1"])
-    spec = loop.run_spec_from_gin()
+    spec = run.run_spec_from_gin()
     mesh = partitioning.make_mesh(spec.mesh_config)
     trainer = spec.trainer(mesh)
     state = trainer.init_state(jax.random.key(0))
@@ -131,16 +131,17 @@ def test_the_abstract_batch_is_the_pipelines_first_batch_on_the_devices(run_file
     import gin
 
     from ptmjax import gin_files, partitioning
-    from ptmjax.training import loop
+    from ptmjax.training import prepared_run, run
 
     gin_files.parse_gin([run_file], ["train.batch_size = 8"])
     try:
-        spec = loop.run_spec_from_gin()
+        spec = run.run_spec_from_gin()
         mesh = partitioning.make_mesh(spec.mesh_config)
         trainer = spec.trainer(mesh)
-        dataset = loop.run_dataset(gin.query_parameter("train.mixture_or_task_name"), "train",
-                                   spec.task_feature_lengths, spec.batch_size, trainer.api.family.feature_converter,
-                                   seed=0, pack=spec.pack, shuffle=True)  # fmt: skip
+        dataset = prepared_run.run_dataset(gin.query_parameter("train.mixture_or_task_name"), "train",
+                                           spec.task_feature_lengths, spec.batch_size,
+                                           trainer.api.family.feature_converter, seed=0, pack=spec.pack,
+                                           shuffle=True)  # fmt: skip
         batch = partitioning.global_batch(next(dataset.as_numpy_iterator()), mesh)
         abstract = spec.abstract_batch(trainer.batch_sharding)
     finally:
@@ -158,12 +159,12 @@ def test_initialisation_compiled_at_o1_on_the_cpu_gives_the_default_levels_bits(
     import numpy as np
 
     from ptmjax import gin_files, partitioning
-    from ptmjax.training import loop
+    from ptmjax.training import run
     from ptmjax.training.trainer import Trainer
 
     gin_files.parse_gin([run_file])
     try:
-        spec = loop.run_spec_from_gin()
+        spec = run.run_spec_from_gin()
     finally:
         gin.clear_config()
     trainer = spec.trainer(partitioning.make_mesh(spec.mesh_config))

@@ -1,0 +1,54 @@
+"""The callback that evaluates the loss on the validation split: `eval_loss`, `eval_accuracy`, ..."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from tqdm.auto import tqdm
+
+from ptmjax import partitioning
+from ptmjax.training import multihost
+from ptmjax.training.callbacks.callback import Periodic, StepEvent
+from ptmjax.training.metrics_log import MetricsLog
+from ptmjax.training.step_clock import StepClock
+from ptmjax.training.trainer import Trainer
+
+
+class LossEvaluation(Periodic):
+    """Every `every` steps, the eval step's statistics summed over the first `batches` batches of the
+    validation split (None: all of it), logged as `eval_<metric>`, with the loss curve redrawn.
+    `validation_dataset()` builds the split (a tf.data.Dataset) once, at the first evaluation, unshuffled, so
+    every evaluation reads the same batches. Every process runs as many batches (`multihost.batches_in_lockstep`).
+    `metrics`: those of the last evaluation."""
+
+    def __init__(self, every: int, trainer: Trainer, validation_dataset: Callable[[], Any],
+                 batches: int | None, task_name: str, log: MetricsLog, bar: tqdm, clock: StepClock):  # fmt: skip
+        super().__init__(every, "eval_every")
+        self.trainer, self.batches, self.task_name = trainer, batches, task_name
+        self.validation_dataset = functools.cache(validation_dataset)
+        self.log, self.bar, self.clock = log, bar, clock
+        self.metrics: dict[str, float] = {}
+
+    def act(self, event: StepEvent) -> None:
+        with self.clock.paused():
+            self.metrics = self.evaluate(event.state.params)
+            self.log.write(event.step, self.metrics)
+            self.log.plot()
+            self.bar.write(f"step {event.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in self.metrics.items()))
+
+    def evaluate(self, params: Any) -> dict[str, float]:
+        """{'eval_<metric>': value} of `params` on the validation batches."""
+        dataset = self.validation_dataset()
+        shapes = {name: tuple(spec.shape) for name, spec in dataset.element_spec.items()}
+        total = None
+        for batch in multihost.batches_in_lockstep(itertools.islice(dataset.as_numpy_iterator(), self.batches),
+                                                   shapes):  # fmt: skip
+            stats = self.trainer.eval_stats(params, partitioning.global_batch(batch, self.trainer.mesh))
+            total = stats if total is None else total + stats
+        if total is None:
+            raise ValueError(f"the validation split of {self.task_name!r} is empty; add validation data")
+        return {f"eval_{k}": float(v) for k, v in jax.device_get(total.metrics()).items()}
