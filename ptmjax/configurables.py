@@ -25,10 +25,10 @@ from ptmjax.objectives import translation_lm  # noqa: F401
 from ptmjax.training import (  # noqa: F401
     checkpoints,
     layer_depth,
-    loop,
     multihost,
     nonfinite,
     optimizers,
+    run,
     schedules,
 )
 

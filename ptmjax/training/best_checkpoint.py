@@ -1,9 +1,7 @@
 """The parameters of a run's best evaluation so far, by one metric, in their own model folder MODEL_DIR/best/.
 
 ```
-MODEL_DIR/best/
-  config.gin                 the run's resolved config
-  checkpoints/<step>/        the parameters alone ({'step', 'params'}, as an import), one step only
+MODEL_DIR/best/              a folder of parameters alone (ptmjax/training/params_folder.py)
   best.json                  {"metric", "mode", "step", "value"}
 ```
 
@@ -26,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ptmjax.model_dir import ModelDir
-from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.training.params_folder import ParamsFolder
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
@@ -51,13 +49,7 @@ class BestCheckpoint:
         self.folder = ModelDir(os.path.join(model_dir, BEST_DIR))
         self.metric, self.mode, self.read_only = metric, mode, read_only
         self.record = self._read_record()
-        if not read_only:
-            os.makedirs(self.folder.path, exist_ok=True)
-            with open(self.folder.config_path, "w") as f:
-                f.write(config)
-            if base is not None:  # a run that saves only what it trains: so does best/
-                self.folder.write_base(*base)
-        self._checkpointer = Checkpointer(self.folder.checkpoints_path, max_to_keep=1, asynchronous=False)
+        self._params = ParamsFolder(model_dir, BEST_DIR, config, read_only, base)
 
     @property
     def record_path(self) -> str:
@@ -75,9 +67,7 @@ class BestCheckpoint:
             best = self.record["value"]
             if not (value > best if self.mode == "max" else value < best):
                 return False
-        if step not in self._checkpointer.all_steps():  # a replayed step after a resume: already saved
-            self._checkpointer.save_params(step, params)
-            self._checkpointer.wait()
+        self._params.save(step, params)
         self.record = {"metric": self.metric, "mode": self.mode, "step": int(step), "value": value}
         if not self.read_only:
             with open(self.record_path, "w") as f:
@@ -86,7 +76,7 @@ class BestCheckpoint:
         return True
 
     def close(self) -> None:
-        self._checkpointer.close()
+        self._params.close()
 
     def _read_record(self) -> dict[str, Any] | None:
         """best.json of an earlier (interrupted) run of the same folder, if any; it must track the same metric."""

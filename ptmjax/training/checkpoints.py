@@ -6,7 +6,10 @@ save that failed raises `CheckpointSaveError` at the next `check_for_errors`,
 `save`, `wait` or `close`. A checkpoint holds
 two items: `state` (the sharded TrainState, written with TensorStore) and
 `data` (JSON: how many batches the input pipeline has produced), so that a
-resumed run reads exactly the batches it would have read. Restoring takes
+resumed run reads exactly the batches it would have read. The state is saved
+as {'step', 'params', 'opt_state'} and, when the run carries any, 'extra'
+(ptmjax/training/extra_state.py): a run without extra state saves and reads
+the checkpoints it always did. Restoring takes
 the target shardings, so a checkpoint saved on one mesh restores onto any
 other (Orbax reshards on read).
 
@@ -111,7 +114,7 @@ class Checkpointer:
             self._manager.save(
                 step,
                 args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
+                    state=ocp.args.StandardSave(_saved_tree(state)), data=ocp.args.JsonSave(data_state)
                 ),
                 force=True,
             )
@@ -136,10 +139,10 @@ class Checkpointer:
             restored = self._manager.restore(
                 step,
                 args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()
+                    state=ocp.args.StandardRestore(_saved_tree(target)), data=ocp.args.JsonRestore()
                 ),
             )
-        return restored["state"], dict(restored["data"])
+        return TrainState(**restored["state"]), dict(restored["data"])
 
     def read_back(self, step: int) -> dict[str, Any]:
         """{'state': numpy tree, 'data': data position} of `step` as saved, read onto the host without a model;
@@ -230,6 +233,12 @@ class Checkpointer:
             return []
         with open(path) as f:
             return [int(step) for step in json.load(f)]
+
+
+def _saved_tree(state: TrainState) -> dict[str, Any]:
+    """The tree a checkpoint's `state` item holds: the state's fields, 'extra' only when it has entries."""
+    tree = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+    return {**tree, "extra": state.extra} if state.extra else tree
 
 
 CLOSED_LOOP_REPORTS = ("Event loop is closed", "cannot schedule new futures after shutdown")

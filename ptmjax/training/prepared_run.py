@@ -32,6 +32,7 @@ from ptmjax.training.best_checkpoint import BestCheckpoint
 from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.damaged_checkpoints import restore_newest_intact
 from ptmjax.training.init_checkpoint import initial_params
+from ptmjax.training.params_folder import ParamsFolder
 from ptmjax.training.resume_check import check_resumable
 from ptmjax.training.run_spec import RunSpec
 from ptmjax.training.saved_part import SavedPart, saved_part
@@ -74,7 +75,7 @@ class PreparedRun:
             return state, data_state
         state = trainer.init_state(jax.random.key(self.seed))
         if self.init_checkpoint is not None:
-            state = state.replace(params=initial_params(self.init_checkpoint, trainer, jax.random.key(self.seed)))
+            state = trainer.with_params(state, initial_params(self.init_checkpoint, trainer, jax.random.key(self.seed)))
         if part.base is not None and primary:
             self.folder.write_base(*part.base)
             print(f"Checkpoints hold the {len(part.paths)} trained parameter arrays; the rest are read from "
@@ -102,6 +103,11 @@ class PreparedRun:
         if self.init_checkpoint is not None and os.path.isfile(ModelDir(self.init_checkpoint).generation_path):
             return GenerationIds.read(ModelDir(self.init_checkpoint).generation_path)
         return GenerationIds.from_vocabulary(pipeline.task_vocabulary(task), family_of(self.spec.model).encoder_decoder)
+
+    def params_folder(self, name: str, primary: bool) -> ParamsFolder:
+        """MODEL_DIR/`name`/: parameters alone, in a model folder of their own (ptmjax/training/params_folder.py)."""
+        return ParamsFolder(self.folder.path, name, gin.operative_config_str(), read_only=not primary,
+                            base=self.part.base)
 
     def best_checkpoint(self, metric: str, mode: str, evaluated_tasks: Sequence[str], primary: bool) -> BestCheckpoint:
         """MODEL_DIR/best/, tracking `metric` ('<task>/<metric>' of one of `evaluated_tasks`)."""

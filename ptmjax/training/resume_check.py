@@ -1,4 +1,5 @@
-"""Before a run resumes: the model and optimizer it builds must be those its newest checkpoint holds."""
+"""Before a run resumes: the model, optimizer and extra state (an EMA, ...) it builds must be those its newest
+checkpoint holds."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def check_resumable(folder: ModelDir, abstract_state: TrainState) -> None:
             continue
     else:
         return
-    there = shapes_by_path({"params": saved.get("params"), "opt_state": saved.get("opt_state")})
-    here = shapes_by_path({"params": abstract_state.params, "opt_state": abstract_state.opt_state})
+    fields = ("params", "opt_state", "extra")
+    there = shapes_by_path({name: saved.get(name) for name in fields})
+    here = shapes_by_path({name: getattr(abstract_state, name) for name in fields})
     differences = [
         f"{path} is {there.get(path, 'absent')} there, {here.get(path, 'absent')} here"
         for path in sorted(there.keys() | here.keys(), key=lambda p: (not p.startswith("params/"), p))

@@ -35,14 +35,16 @@ from ptmjax.families.token_loss import LossConfig
 from ptmjax.training import compilation_cache, multihost
 from ptmjax.training.callbacks.callback import Callback
 from ptmjax.training.callbacks.checkpointing import Checkpointing
+from ptmjax.training.callbacks.ema_folder import EMA_DIR, EmaFolder
 from ptmjax.training.callbacks.inference_evaluation import InferenceEvaluation
-from ptmjax.training.callbacks.loss_evaluation import LossEvaluation
+from ptmjax.training.callbacks.loss_evaluation import PARAMS, LossEvaluation
 from ptmjax.training.callbacks.nonfinite_watch import NonFiniteWatch
 from ptmjax.training.callbacks.preemption import Preemption
 from ptmjax.training.callbacks.progress_log import ProgressLog
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.nonfinite import NonFiniteMonitor, NonFinitePolicy
 from ptmjax.training.optimizers import adafactor
+from ptmjax.training.parameter_ema import averaged_params
 from ptmjax.training.prefetch import DevicePrefetcher
 from ptmjax.training.prepared_run import prepare_run
 from ptmjax.training.run_lock import locks_model_dir
@@ -95,6 +97,7 @@ def train(
     best_checkpoint_mode: str = "max",
     nonfinite_policy: NonFinitePolicy | None = None,
     trainable: Sequence[str] | None = None,
+    ema_decay: float | None = None,
     prefetch_batches: int = 2,
     compilation_cache_dir: str | None = compilation_cache.AUTO,
     callbacks: Sequence[Callback] = (),
@@ -147,6 +150,12 @@ def train(
       trainable: regular expressions over parameter paths ('layers_3/.*',
         '.*/bias'); only the parameters they match train, the rest are frozen
         with no optimizer state (ptmjax/training/trainable.py). None trains all.
+      ema_decay: keep an exponential moving average of the trained parameters
+        with this decay (e.g. 0.999) in the train state, checkpointed and resumed
+        with it; the run then also evaluates it (`eval_ema_<metric>`,
+        `eval_ema_<task>/<metric>`) and keeps it at every checkpoint as
+        MODEL_DIR/ema/, a model folder every tool reads
+        (ptmjax/training/parameter_ema.py). None: no EMA.
       prefetch_batches: train batches a background thread reads and puts on
         the devices ahead of the step (ptmjax/training/prefetch.py), so the
         host's work overlaps the step's; 0: none, each batch is read and put
@@ -169,8 +178,8 @@ def train(
     spec = RunSpec(
         model=model, batch_size=batch_size, task_feature_lengths=task_feature_lengths, optimizer=optimizer,
         schedule=schedule, loss_config=loss_config, mesh_config=mesh_config, num_microbatches=num_microbatches,
-        pack=pack, trainable=trainable,
-    )  # fmt: skip
+        pack=pack, trainable=trainable, ema_decay=ema_decay,
+    )
     run = prepare_run(model_dir, spec, task, seed, init_checkpoint, compilation_cache_dir)
     trainer = run.trainer
     startup.mark("model and checks")
@@ -202,17 +211,24 @@ def train(
         train_batches = DevicePrefetcher(train_iter, lambda b: partitioning.global_batch(b, run.mesh), prefetch_batches)
         startup.mark("train pipeline")
         with train_batches, tqdm(total=num_steps, initial=start, disable=not (show_progress and primary),
-                                 unit="step", dynamic_ncols=True) as bar:  # fmt: skip
+                                 unit="step", dynamic_ncols=True) as bar:
             clock, nonfinite = StepClock(), NonFiniteMonitor(nonfinite_policy or NonFinitePolicy())
+            parameter_sets = dict(PARAMS)
+            if ema_decay is not None:
+                parameter_sets["ema_"] = lambda state: averaged_params(state.params, state.extra)
             logged = ProgressLog(log_every, log, bar, clock, nonfinite, trainer.api.family.init_fields)
             validation = lambda: run.dataset("validation", shuffle=False, num_epochs=1, pad_final_batch=True)  # noqa: E731
-            loss_eval = LossEvaluation(eval_every, trainer, validation, eval_batches, task, log, bar, clock)
-            task_eval = InferenceEvaluation(inference_eval_every, evaluators, best, run.part, log, bar, clock)
+            loss_eval = LossEvaluation(eval_every, trainer, validation, eval_batches, task, log, bar, clock,
+                                       parameter_sets)
+            task_eval = InferenceEvaluation(inference_eval_every, evaluators, best, run.part, log, bar, clock,
+                                            parameter_sets)
             built = [Preemption(), NonFiniteWatch(nonfinite), logged,
-                     Checkpointing(checkpoint_every, checkpointer, nonfinite, run.part, train_batches.state), loss_eval,
-                     *([task_eval] if evaluators else [])]  # fmt: skip
+                     Checkpointing(checkpoint_every, checkpointer, nonfinite, run.part, train_batches.state)]
+            if ema_decay is not None:
+                built.append(EmaFolder(checkpoint_every, run.params_folder(EMA_DIR, primary), run.part))
+            built += [loss_eval, *([task_eval] if evaluators else [])]
             state, preempted = run_steps(trainer, state, train_batches, dropout_rng, start, num_steps,
-                                         [*built, *callbacks], bar, clock, startup, primary, compiling)  # fmt: skip
+                                         [*built, *callbacks], bar, clock, startup, primary, compiling)
     log.close()
     files = {
         "checkpoints": checkpointer.directory,
@@ -221,6 +237,7 @@ def train(
         "tensorboard": os.path.join(model_dir, "tensorboard"),
         "loss_curve": log.plot() if log.records() else "",
         **({"best": best.folder.path} if best is not None else {}),
+        **({"ema": os.path.join(model_dir, EMA_DIR)} if ema_decay is not None else {}),
     }
     eval_metrics = {**loss_eval.metrics, **{f"eval_{k}": v for k, v in task_eval.metrics.items()}}
     return TrainResult(model_dir, int(state.step), logged.train_loss, eval_metrics, preempted, files)

@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 from ptmjax import partitioning
 from ptmjax.families.model_api import model_api
 from ptmjax.families.token_loss import LossConfig
+from ptmjax.training.parameter_ema import ParameterEma
 from ptmjax.training.schedules import rsqrt_with_warmup
 from ptmjax.training.trainer import Trainer
 
@@ -24,7 +25,8 @@ class RunSpec:
     arguments of these names. `run.run_spec_from_gin()` reads it from the parsed gin config.
 
     None takes the default: T5's rsqrt schedule with warmup, `LossConfig()` and
-    `MeshConfig()` with their gin bindings.
+    `MeshConfig()` with their gin bindings; `ema_decay` None keeps no EMA of the
+    parameters (ptmjax/training/parameter_ema.py).
     """
 
     model: nn.Module
@@ -37,12 +39,15 @@ class RunSpec:
     num_microbatches: int = 1
     pack: bool = True
     trainable: Sequence[str] | None = None
+    ema_decay: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task_feature_lengths", dict(self.task_feature_lengths))
         object.__setattr__(self, "schedule", self.schedule or rsqrt_with_warmup())
         object.__setattr__(self, "loss_config", self.loss_config or LossConfig())
         object.__setattr__(self, "mesh_config", self.mesh_config or partitioning.MeshConfig())
+        if self.ema_decay is not None:
+            ParameterEma(self.ema_decay)  # checks it here, before anything is built
 
     def trainer(self, mesh: Mesh) -> Trainer:
         """The Trainer of this run on `mesh`; checks first that the batch splits over it."""
@@ -54,8 +59,9 @@ class RunSpec:
                 f"data-parallel devices of mesh {dict(mesh.shape)} times num_microbatches={self.num_microbatches}; "
                 f"pick a multiple of {ways}"
             )
+        extra_state = () if self.ema_decay is None else (ParameterEma(self.ema_decay),)
         return Trainer(self.model, self.optimizer(self.schedule), self.schedule, mesh, self.mesh_config.rules,
-                       self.loss_config, self.num_microbatches, self.trainable)  # fmt: skip
+                       self.loss_config, self.num_microbatches, self.trainable, extra_state)
 
     def abstract_batch(self, sharding: jax.sharding.Sharding) -> dict[str, jax.ShapeDtypeStruct]:
         """The global batch the family's feature converter produces, as ShapeDtypeStructs on `sharding`."""

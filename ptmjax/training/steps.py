@@ -19,7 +19,7 @@ include it. A model that sows no aux losses (no MoE layers) has no
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -31,6 +31,7 @@ from ptmjax import partitioning
 from ptmjax.families.losses import Stats
 from ptmjax.families.model_api import Batch, ModelApi
 from ptmjax.families.token_loss import LossConfig
+from ptmjax.training.extra_state import ExtraState, ParamsView
 from ptmjax.training.nonfinite import FINITE
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainable import LeafSelection
@@ -39,7 +40,8 @@ from ptmjax.training.trainable import LeafSelection
 def make_train_step(
     api: ModelApi, tx: optax.GradientTransformation, schedule: optax.Schedule,
     loss_config: LossConfig, rules: partitioning.Rules, num_microbatches: int = 1,
-    selection: LeafSelection | None = None,
+    selection: LeafSelection | None = None, extra_state: Sequence[ExtraState] = (),
+    params_view: ParamsView | None = None,
 ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds the train step; jit it with the state and batch shardings.
 
@@ -55,6 +57,8 @@ def make_train_step(
     Only the leaves `selection` picks (default: all) are differentiated and
     updated; the others reach `tx` as zero gradients and keep their values
     (ptmjax/training/trainable.py).
+    Each of `extra_state` updates its entry of `state.extra` from the new
+    parameters after a finite step (ptmjax/training/extra_state.py).
     """
 
     loss_weights = api.family.loss_weights
@@ -108,13 +112,18 @@ def make_train_step(
 
             def updated():
                 updates, opt_state = tx.update(all_grads, state.opt_state, state.params)
-                return chosen.take(optax.apply_updates(state.params, updates)), opt_state
+                trained = chosen.take(optax.apply_updates(state.params, updates))
+                params = chosen.put(state.params, trained)
+                extra = {slot.name: slot.update(state.extra[slot.name], params, params_view) for slot in extra_state}
+                return trained, opt_state, extra
 
             # Only the branch taken runs: a finite step pays for no select between new and old state.
-            trained, opt_state = jax.lax.cond(finite, updated, lambda: (chosen.take(state.params), state.opt_state))
+            trained, opt_state, extra = jax.lax.cond(
+                finite, updated, lambda: (chosen.take(state.params), state.opt_state, state.extra)
+            )
         params = chosen.put(state.params, trained)
         metrics[FINITE] = finite
-        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state, extra=extra), metrics
 
     return train_step
 

@@ -18,6 +18,7 @@ from ptmjax.families import losses
 from ptmjax.families.model_api import ModelApi, model_api
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.training import optimizers, steps
+from ptmjax.training.extra_state import ExtraState, ParamsView
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainable import Trainable
 from ptmjax.tree_paths import leaves_by_path
@@ -30,12 +31,15 @@ class Trainer:
     device: initialisation itself is jitted with the target shardings.
     `trainable`: regular expressions over parameter paths; only matching
     parameters train (ptmjax/training/trainable.py). None trains all.
+    `extra_state`: the non-trained state the run carries in `TrainState.extra`
+    (ptmjax/training/extra_state.py), e.g. an EMA of the parameters.
     """
 
     def __init__(
         self, model: nn.Module, tx: optax.GradientTransformation, schedule: optax.Schedule,
         mesh: Mesh, rules: partitioning.Rules, loss_config: LossConfig | None = None,
         num_microbatches: int = 1, trainable: Sequence[str] | None = None,
+        extra_state: Sequence[ExtraState] = (),
     ):
         partitioning.validate_rules(rules)
         self.model, self.tx, self.mesh, self.rules = model, tx, mesh, rules
@@ -58,22 +62,26 @@ class Trainer:
         )  # fmt: skip
         if api.scanning:
             self.tx = tx = optimizers.on_unscanned_layout(tx, api.scanning)
-        self.state_shardings = TrainState(
-            step=self.replicated, params=param_shardings, opt_state=opt_shardings
-        )
-        self.abstract_state = TrainState(
-            step=jax.ShapeDtypeStruct((), jnp.int32), params=api.abstract_params,
-            opt_state=abstract_opt_state,
-        )
-
-        loss_config = loss_config or LossConfig()
         selection = self.trainable.selection(plain.abstract_params, api.scanning)
         # The parameter paths (in the model's own layout) the train step differentiates and updates.
         self.trained_paths = tuple(
             path for (path, _), trains in zip(leaves_by_path(api.abstract_params), selection.flags, strict=True)
             if trains
-        )  # fmt: skip
-        train_step = steps.make_train_step(api, tx, schedule, loss_config, rules, num_microbatches, selection)
+        )
+        self.extra_state = tuple(extra_state)
+        self.params_view = view = ParamsView(api.abstract_params, param_shardings, self.trained_paths)
+        self.state_shardings = TrainState(
+            step=self.replicated, params=param_shardings, opt_state=opt_shardings,
+            extra={slot.name: slot.shardings(view) for slot in self.extra_state},
+        )
+        self.abstract_state = TrainState(
+            step=jax.ShapeDtypeStruct((), jnp.int32), params=api.abstract_params,
+            opt_state=abstract_opt_state, extra={slot.name: slot.abstract(view) for slot in self.extra_state},
+        )
+
+        loss_config = loss_config or LossConfig()
+        train_step = steps.make_train_step(api, tx, schedule, loss_config, rules, num_microbatches, selection,
+                                           self.extra_state, view)
         self._train_step = jax.jit(
             train_step,
             in_shardings=(self.state_shardings, self.batch_sharding, self.replicated),
@@ -104,10 +112,24 @@ class Trainer:
         @functools.partial(jax.jit, out_shardings=self.state_shardings, compiler_options=self._run_once_options)
         def init(rng):
             params = nn.unbox(self.api.init(rng))
-            return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
+            return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
+                              extra=self._init_extra(params))
 
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             return init(rng)
+
+    def with_params(self, state: TrainState, params: Any) -> TrainState:
+        """`state` (a fresh one) starting from other `params` (an init checkpoint's), its extra state
+        initialised from them."""
+        if not self.extra_state:
+            return state.replace(params=params)
+        init = jax.jit(self._init_extra, out_shardings=self.state_shardings.extra,
+                       compiler_options=self._run_once_options)
+        with jax.set_mesh(self.mesh):
+            return state.replace(params=params, extra=init(params))
+
+    def _init_extra(self, params: Any) -> dict[str, Any]:
+        return {slot.name: slot.init(params, self.params_view) for slot in self.extra_state}
 
     def init_around(self, rng: jax.Array, present: Any) -> Any:
         """The parameters: `present` (some of them, laid out as the trainer's) and the rest initialised around

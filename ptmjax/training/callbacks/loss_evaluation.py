@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -15,7 +15,10 @@ from ptmjax.training import multihost
 from ptmjax.training.callbacks.callback import Periodic, StepEvent
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.step_clock import StepClock
+from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainer import Trainer
+
+PARAMS = {"": lambda state: state.params}  # the parameter sets a run evaluates: the trained parameters
 
 
 class LossEvaluation(Periodic):
@@ -23,11 +26,14 @@ class LossEvaluation(Periodic):
     validation split (None: all of it), logged as `eval_<metric>`, with the loss curve redrawn.
     `validation_dataset()` builds the split (a tf.data.Dataset) once, at the first evaluation, unshuffled, so
     every evaluation reads the same batches. Every process runs as many batches (`multihost.batches_in_lockstep`).
-    `metrics`: those of the last evaluation."""
+    `parameter_sets` maps a prefix to the parameters of a state it evaluates (see `PARAMS`): with an EMA,
+    'ema_' logs `eval_ema_<metric>` of the averaged parameters too. `metrics`: those of the last evaluation."""
 
     def __init__(self, every: int, trainer: Trainer, validation_dataset: Callable[[], Any],
-                 batches: int | None, task_name: str, log: MetricsLog, bar: tqdm, clock: StepClock):  # fmt: skip
+                 batches: int | None, task_name: str, log: MetricsLog, bar: tqdm, clock: StepClock,
+                 parameter_sets: Mapping[str, Callable[[TrainState], Any]] = PARAMS):  # fmt: skip
         super().__init__(every, "eval_every")
+        self.parameter_sets = dict(parameter_sets)
         self.trainer, self.batches, self.task_name = trainer, batches, task_name
         self.validation_dataset = functools.cache(validation_dataset)
         self.log, self.bar, self.clock = log, bar, clock
@@ -35,13 +41,14 @@ class LossEvaluation(Periodic):
 
     def act(self, event: StepEvent) -> None:
         with self.clock.paused():
-            self.metrics = self.evaluate(event.state.params)
+            self.metrics = {f"eval_{prefix}{name}": value for prefix, params_of in self.parameter_sets.items()
+                            for name, value in self.evaluate(params_of(event.state)).items()}
             self.log.write(event.step, self.metrics)
             self.log.plot()
             self.bar.write(f"step {event.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in self.metrics.items()))
 
     def evaluate(self, params: Any) -> dict[str, float]:
-        """{'eval_<metric>': value} of `params` on the validation batches."""
+        """{'<metric>': value} of `params` on the validation batches."""
         dataset = self.validation_dataset()
         shapes = {name: tuple(spec.shape) for name, spec in dataset.element_spec.items()}
         total = None
@@ -51,4 +58,4 @@ class LossEvaluation(Periodic):
             total = stats if total is None else total + stats
         if total is None:
             raise ValueError(f"the validation split of {self.task_name!r} is empty; add validation data")
-        return {f"eval_{k}": float(v) for k, v in jax.device_get(total.metrics()).items()}
+        return {k: float(v) for k, v in jax.device_get(total.metrics()).items()}
