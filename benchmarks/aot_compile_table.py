@@ -134,7 +134,7 @@ def compile_row(row: Row) -> dict:
         "lower_seconds": round(report.lower_seconds, 1), "compile_seconds": round(report.compile_seconds, 1),
         "jax": jax.__version__, "libtpu": importlib.metadata.version("libtpu"),
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs", "date": datetime.date.today().isoformat(),
-    }  # fmt: skip
+    }
     del step
     gc.collect()
     return record

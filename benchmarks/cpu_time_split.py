@@ -43,7 +43,7 @@ MATMUL_SYMBOLS = re.compile(r"sgemm|gemm_pack|gebp|ynn::dot_|xnn_f32_gemm|brgemm
 def perf_recording(path: str, frequency: int):
     """`perf record` of this process, at `frequency` samples a second, into `path` while the block runs."""
     perf = subprocess.Popen(["perf", "record", "-q", "-F", str(frequency), "-p", str(os.getpid()), "-o", path],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # perf attaches to every thread before the steps start
     try:
         yield
@@ -55,7 +55,7 @@ def perf_recording(path: str, frequency: int):
 def matmul_share(path: str) -> float:
     """The fraction of `path`'s samples in MATMUL_SYMBOLS."""
     report = subprocess.run(["perf", "report", "-i", path, "--no-children", "--sort", "sym", "--stdio",
-                             "--percent-limit", "0"], capture_output=True, text=True, check=True).stdout  # fmt: skip
+                             "--percent-limit", "0"], capture_output=True, text=True, check=True).stdout
     shares = [(float(m.group(1)), m.group(2)) for m in re.finditer(r"^\s*([\d.]+)%\s+\[.\]\s+(.*)$", report, re.M)]
     return sum(share for share, symbol in shares if MATMUL_SYMBOLS.search(symbol)) / 100
 
@@ -79,7 +79,7 @@ def run_child(framework: str, model: str, steps: int, frequency: int) -> dict:
                 cpus.append(time.process_time() - cpu)
         if not os.path.exists(path):
             sys.exit("cpu_time_split.py: `perf record` could not record this process; allow it with "
-                     "`sysctl kernel.perf_event_paranoid=1` (or run as root)")  # fmt: skip
+                     "`sysctl kernel.perf_event_paranoid=1` (or run as root)")
         share = matmul_share(path)
     return {"wall": statistics.median(walls), "cpu": statistics.median(cpus), "matmul_share": share}
 
@@ -103,7 +103,7 @@ def main() -> None:
     for name, (framework, env) in train_throughput.child_runs(on_cpu=True).items():
         out = subprocess.run([sys.executable, __file__, "--child", framework, "--model", args.model, "--steps",
                               str(args.steps), "--frequency", str(args.frequency)], env=env, stdout=subprocess.PIPE,
-                             text=True)  # fmt: skip  (its errors go to this stderr)
+                             text=True)  # its errors go to this stderr
         if out.returncode:
             sys.exit(out.returncode)
         row = json.loads(out.stdout.strip().splitlines()[-1])

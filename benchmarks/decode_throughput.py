@@ -63,7 +63,7 @@ from ptmjax.models.flops import t5_forward_flops  # noqa: E402
 T5_TINY = dataclasses.replace(
     T5_SMALL, vocab_size=256, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=2,
     num_decoder_layers=2,
-)  # fmt: skip
+)
 GPT2_TINY = dataclasses.replace(
     GPT2_SMALL, vocab_size=256, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=64
 )
@@ -115,7 +115,7 @@ def decode_flops(model: Model, batch: int, beams: int, new_tokens: int) -> float
     attention = lambda start, stop: sum(c.num_layers * 4 * c.d_model * (t + 1) for t in range(start, stop))  # noqa: E731
     prompt = model.prompt_length * per_token + attention(0, model.prompt_length) + 2 * c.d_model * c.vocab_size
     generated = (new_tokens * per_token + attention(model.prompt_length, model.prompt_length + new_tokens)
-                 + (new_tokens - 1) * 2 * c.d_model * c.vocab_size)  # fmt: skip
+                 + (new_tokens - 1) * 2 * c.d_model * c.vocab_size)
     return batch * (prompt + beams * generated)
 
 
@@ -160,7 +160,7 @@ def hf_decoder(
         num_beams=1 if method == "greedy" else beams, num_return_sequences=1, max_new_tokens=new_tokens, min_length=0,
         length_penalty=0.0, early_stopping=False, eos_token_id=model.config.vocab_size, pad_token_id=0,
         use_cache=True,
-    )  # fmt: skip
+    )
     if model.encoder_decoder:
         kwargs["decoder_start_token_id"] = 0
     prompt = 1 if model.encoder_decoder else tokens.shape[1]  # HF returns the decoder start / the prompt too

@@ -95,7 +95,7 @@ def measure(gin_files: list[str], bindings: list[str], batches: int, steps: int,
 
     start = time.perf_counter()
     dataset = prepared_run.run_dataset(name, "train", spec.task_feature_lengths, spec.batch_size,
-                               trainer.api.family.feature_converter, seed=seed, pack=pack, shuffle=True)  # fmt: skip
+                               trainer.api.family.feature_converter, seed=seed, pack=pack, shuffle=True)
     iterator = dataset.as_numpy_iterator()
     first = next(iterator)
     first_s = time.perf_counter() - start
@@ -113,18 +113,18 @@ def measure(gin_files: list[str], bindings: list[str], batches: int, steps: int,
     return {
         "task": name, "batch": spec.batch_size, "lengths": spec.task_feature_lengths, "tokens": tokens,
         "first_s": first_s, "pipeline_s": pipeline_s, "compile_s": compile_s, "step_s": step_s, "step_rows": rows,
-    }  # fmt: skip
+    }
 
 
 def print_throughput(results: dict[str, dict]) -> None:
     print(f"\n{'run':<28}{'task':<34}{'batch x lengths':<24}{'first s':>8}{'pipe ex/s':>10}{'pipe tok/s':>11}"
-          f"{'step tok/s':>11}{'ratio':>9}")  # fmt: skip
+          f"{'step tok/s':>11}{'ratio':>9}")
     for label, r in results.items():
         shape = f"{r['batch']} x " + "/".join(str(v) for v in r["lengths"].values())
         note = "" if r["step_rows"] == r["batch"] else f" (step at {r['step_rows']} rows)"
         print(f"{label:<28}{r['task']:<34}{shape:<24}{r['first_s']:>8.2f}{r['batch'] / r['pipeline_s']:>10.0f}"
               f"{r['tokens'] / r['pipeline_s']:>11.0f}{r['tokens'] / r['step_s']:>11.0f}"
-              f"{r['step_s'] / r['pipeline_s']:>9.1f}{note}")  # fmt: skip
+              f"{r['step_s'] / r['pipeline_s']:>9.1f}{note}")
 
 
 STARTUP_LINE = re.compile(r"^Start-up: (?P<total>[\d.]+) s .*$", re.M)
@@ -134,10 +134,10 @@ def run_demo(model_dir: str, num_steps: int, env: dict[str, str], bindings: list
     """Seconds from spawning `ptmjax train` to its 'Start-up' line, and that line."""
     command = [sys.executable, "-m", "ptmjax.train", f"--model_dir={model_dir}",
                f"--gin_bindings=train.num_steps = {num_steps}",
-               "--gin_bindings=train.show_progress = False", *(f"--gin_bindings={b}" for b in bindings)]  # fmt: skip
+               "--gin_bindings=train.show_progress = False", *(f"--gin_bindings={b}" for b in bindings)]
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**env, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+                               env={**env, "PYTHONUNBUFFERED": "1"})
     seen, line_at, output = None, None, []
     for line in process.stdout:
         output.append(line)
@@ -191,7 +191,7 @@ def main() -> None:
         prefixes = [p.strip() for p in args.only.split(",")]
         configs = {k: v for k, v in configs.items() if any(k.startswith(p) for p in prefixes)}
     print(f"{os.cpu_count()} CPU cores, {jax.device_count()} {jax.default_backend()} device(s); "
-          f"pipeline over {args.batches} batches, step over {args.steps} steps (medians)")  # fmt: skip
+          f"pipeline over {args.batches} batches, step over {args.steps} steps (medians)")
     results = {}
     for label, (files, bindings) in configs.items():
         step_batch = args.t5_base_step_batch if label == T5_BASE[0] else None

@@ -74,7 +74,7 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     print(f"float32 einsums on {os.cpu_count()} CPU cores, best of {args.repeats}; JAX {jax.__version__}, "
-          f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)\n")  # fmt: skip
+          f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)\n")
     print(f"{'product':<30}{'einsum':<18}{'shapes':<32}{'XLA GFLOP/s':>12}{'PyTorch':>9}{'XLA / PyTorch':>15}")
     for name, spec, lhs_shape, rhs_shape in PRODUCTS:
         lhs = rng.standard_normal(lhs_shape, dtype=np.float32)

@@ -54,12 +54,12 @@ def main() -> None:
     unpacked = bench.random_batch(args.batch, args.inputs, args.targets, args.model)
     flops = bench.training_flops(args.model, args.batch, args.inputs, args.targets)
     print(f"{bench.TITLES[args.model]}, batch {args.batch}, {args.dtype} compute, attention {args.attention}, on "
-          f"{jax.devices()[0].device_kind}: {flops / 1e9:.1f} GFLOP per training step\n")  # fmt: skip
+          f"{jax.devices()[0].device_kind}: {flops / 1e9:.1f} GFLOP per training step\n")
     print(f"{'batch given':<14}{'first step s':>14}{'step s (median)':>17}{'TFLOP/s':>10}{'loss':>10}{'peak GiB':>10}")
     for name, batch in (("unpacked", unpacked), ("packed", marked_packed(unpacked))):
         state = trainer.init_state(jax.random.key(0))  # the same start for both (a step donates its state)
         first, times, metrics = bench.timed_steps(trainer, state, bench.partitioning.global_batch(batch, trainer.mesh),
-                                                  args.steps)  # fmt: skip
+                                                  args.steps)
         peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
         median = statistics.median(times)
         memory = f"{peak / 2**30:>10.2f}" if peak else f"{'-':>10}"

@@ -67,7 +67,7 @@ def hlo_operations(hlo: str) -> dict[str, tuple[str, str]]:
             bodies[current].append(line)
     # A loop body's instructions may lack an op_name (XLA drops it on some fusions there): the loop's pass is theirs.
     loop_passes = {body: _pass(line) for lines in bodies.values() for line in lines
-                   for body in re.findall(r"body=%([\w.\-]+)", line)}  # fmt: skip
+                   for body in re.findall(r"body=%([\w.\-]+)", line)}
     operations = {}
     for computation, lines in bodies.items():
         for line in lines:
@@ -108,7 +108,7 @@ def _pass(rest: str) -> str:
 
 
 LIBRARY_KERNELS = (("matmul (cuBLAS)", re.compile(r"nvjet|gemm|xmma|cutlass", re.I)),
-                   ("attention (cuDNN)", re.compile(r"cudnn|fmha|sdpa|flash", re.I)))  # fmt: skip
+                   ("attention (cuDNN)", re.compile(r"cudnn|fmha|sdpa|flash", re.I)))
 LIBRARY = "library"  # the pass of a library's kernels
 
 
@@ -144,7 +144,7 @@ def attributed(events: collections.Counter, operations: dict[str, tuple[str, str
         return {(name, *operations[name]): ns for name, ns in events.items() if name in operations}
     kernels = {name.replace(".", "_"): kind_and_pass for name, kind_and_pass in operations.items()}
     library = lambda name: next((kind for kind, pattern in LIBRARY_KERNELS if pattern.search(name)),  # noqa: E731
-                                "other library kernel")  # fmt: skip
+                                "other library kernel")
     return {(name, *kernels.get(name, (library(name), LIBRARY))): ns for name, ns in events.items()}
 
 
@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--attention", choices=ATTENTION_KERNELS, help="ptmjax's attention_kernel (default: "
-                        "'blockwise' on the CPU, 'einsum' elsewhere)")  # fmt: skip
+                        "'blockwise' on the CPU, 'einsum' elsewhere)")
     train_throughput.add_step_arguments(parser, steps=3)
     args = parser.parse_args()
     args.attention = args.attention or ("blockwise" if args.device == "cpu" else "einsum")
@@ -164,7 +164,7 @@ def main() -> None:
     state = trainer.init_state(jax.random.key(0))
     batch = partitioning.global_batch(
         train_throughput.random_batch(args.batch, args.inputs, args.targets, args.model), trainer.mesh
-    )  # fmt: skip
+    )
     operations = hlo_operations(trainer.lower_train_step(state, batch, jax.random.key(1)).compile().as_text())
     step = train_throughput.trainer_step(trainer, state, batch)
     step()
@@ -189,7 +189,7 @@ def main() -> None:
     where = f"on {os.cpu_count()} cores" if args.device == "cpu" else (
         f"on {jax.devices()[0].device_kind}, which ran kernels {busy_ns / args.steps / 1e6:.1f} ms per step")
     print(f"{train_throughput.TITLES[args.model]}, batch {args.batch}, {args.dtype}, attention {args.attention}: wall "
-          f"{wall * 1e3:.1f} ms per step; XLA operations {total:.1f} ms per step, summed, {where}\n")  # fmt: skip
+          f"{wall * 1e3:.1f} ms per step; XLA operations {total:.1f} ms per step, summed, {where}\n")
     kinds = sorted({kind for kind, _ in by_kind}, key=lambda k: -sum(by_kind[(k, p)] for p in passes))
     print(f"{'kind (ms per step)':<28}" + "".join(f"{p:>17}" for p in passes) + f"{'total':>10}{'share':>8}")
     for kind in kinds:

@@ -72,13 +72,13 @@ GPT2_SMALL = GPT2Config(
     attention_dropout_rate=0.0,
 )
 T5_BASE = dataclasses.replace(T5_SMALL, d_model=768, num_heads=12, d_ff=3072, num_encoder_layers=12,
-                              num_decoder_layers=12)  # fmt: skip
+                              num_decoder_layers=12)
 T5_LARGE = dataclasses.replace(T5_SMALL, d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=24,
-                               num_decoder_layers=24)  # fmt: skip
+                               num_decoder_layers=24)
 GPT2_1B = dataclasses.replace(GPT2_SMALL, d_model=2048, num_heads=16, num_layers=24, d_ff=8192, max_length=2048)
 CONFIGS = {"t5": T5_SMALL, "t5-base": T5_BASE, "t5-large": T5_LARGE, "gpt2": GPT2_SMALL, "gpt2-1b": GPT2_1B}
 TITLES = {"t5": "T5 v1.0 small", "t5-base": "T5 v1.0 base", "t5-large": "T5 v1.0 large", "gpt2": "GPT-2 small",
-          "gpt2-1b": "GPT-2 1.3B (GPT-3 XL shapes)"}  # fmt: skip
+          "gpt2-1b": "GPT-2 1.3B (GPT-3 XL shapes)"}
 JAX_PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}  # --device -> JAX's platform
 TORCH_DEVICES = {"cpu": "cpu", "gpu": "cuda"}  # --device -> PyTorch's device (none for TPU)
 LEARNING_RATE = 1e-4
@@ -139,13 +139,13 @@ def random_batch(batch: int, inputs: int, targets: int, model: str = "t5") -> di
         weights = np.ones_like(decoder_inputs)
         weights[:, -1] = 0  # the last position has no next token
         return {"decoder_input_tokens": decoder_inputs, "decoder_target_tokens": np.roll(decoder_inputs, -1, axis=1),
-                "decoder_loss_weights": weights}  # fmt: skip
+                "decoder_loss_weights": weights}
     target_tokens = tokens(targets)
     decoder_inputs = np.concatenate([np.zeros((batch, 1), np.int32), target_tokens[:, :-1]], axis=1)
     return {
         "encoder_input_tokens": tokens(inputs), "decoder_input_tokens": decoder_inputs,
         "decoder_target_tokens": target_tokens, "decoder_loss_weights": np.ones_like(target_tokens),
-    }  # fmt: skip
+    }
 
 
 def training_flops(model: str, batch: int, inputs: int, targets: int) -> float:
@@ -164,7 +164,7 @@ def make_trainer(model: str = "t5", **options: Any) -> Trainer:
     return Trainer(
         module, adamw(schedule, weight_decay=0.0, max_grad_norm=None), schedule, partitioning.make_mesh(mesh_config),
         mesh_config.rules, LossConfig(z_loss=0.0),
-    )  # fmt: skip
+    )
 
 
 def time_ptmjax(
@@ -233,12 +233,12 @@ def hf_model(model: str) -> Any:
             vocab_size=c.vocab_size, n_embd=c.d_model, n_layer=c.num_layers, n_head=c.num_heads, n_inner=c.d_ff,
             n_positions=c.max_length, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
             attn_pdrop=0.0,
-        )).train()  # fmt: skip
+        )).train()
     return transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=c.vocab_size, d_model=c.d_model, d_kv=c.head_dim, d_ff=c.d_ff, num_layers=c.num_encoder_layers,
         num_decoder_layers=c.num_decoder_layers, num_heads=c.num_heads, feed_forward_proj="relu",
         tie_word_embeddings=True, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
-    )).train()  # fmt: skip
+    )).train()
 
 
 def time_pytorch(
@@ -310,9 +310,9 @@ def time_in_child(
     installed)."""
     sizes = ["--model", args.model, "--dtype", args.dtype, "--device", args.device, "--attention", args.attention,
              "--remat", args.remat, *(["--scan"] if args.scan else []), "--steps", str(args.steps),
-             "--batch", str(args.batch), "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
+             "--batch", str(args.batch), "--inputs", str(args.inputs), "--targets", str(args.targets)]
     out = subprocess.run([sys.executable, __file__, "--child", framework, *sizes], env=env, stdout=subprocess.PIPE,
-                         text=True, check=True)  # fmt: skip  (its errors and progress go to this stderr)
+                         text=True, check=True)  # its errors and progress go to this stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -337,7 +337,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--device", choices=sorted(JAX_PLATFORMS), default="cpu")
     parser.add_argument("--attention", choices=ATTENTION_KERNELS, help="ptmjax's attention_kernel (default: "
-                        "'blockwise' on the CPU, 'einsum' elsewhere)")  # fmt: skip
+                        "'blockwise' on the CPU, 'einsum' elsewhere)")
     parser.add_argument("--remat", choices=sorted(REMAT_POLICIES), default="none", help="ptmjax's remat_policy")
     parser.add_argument("--scan", action="store_true", help="ptmjax's scan_layers")
     add_step_arguments(parser)
@@ -352,7 +352,7 @@ def main() -> None:
     if args.child == "ptmjax":
         times, _, peak_bytes = time_ptmjax(batch, args.steps, args.model, dtype=args.dtype,
                                            attention_kernel=args.attention, remat_policy=args.remat,
-                                           scan_layers=args.scan)  # fmt: skip
+                                           scan_layers=args.scan)
         print(json.dumps([times, peak_bytes]))
         return
     if args.child == "pytorch":
@@ -368,7 +368,7 @@ def main() -> None:
     where = f"{os.cpu_count()} CPU cores" if on_cpu else jax.devices()[0].device_kind
     print(f"{TITLES[args.model]}, batch {args.batch}, {lengths}, {args.dtype} compute, ptmjax attention "
           f"{args.attention}, remat {args.remat}{', scanned layers' if args.scan else ''}: {flops / 1e9:.1f} GFLOP "
-          "per training step")  # fmt: skip
+          "per training step")
     print(f"Measured {args.dtype} {2048 if on_cpu else 8192} matmul on {where}: "
           + ", ".join(f"{k} {v / 1e12:.3f}" for k, v in peaks.items())
           + f" TFLOP/s; peak = {peak / 1e12:.3f} TFLOP/s\n")

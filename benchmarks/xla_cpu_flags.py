@@ -68,14 +68,14 @@ def main() -> None:
     flag_sets = {name: flags for name, flags in FLAG_SETS.items() if name in chosen}
 
     sizes = ["--model", args.model, "--steps", str(args.steps), "--batch", str(args.batch),
-             "--inputs", str(args.inputs), "--targets", str(args.targets)]  # fmt: skip
+             "--inputs", str(args.inputs), "--targets", str(args.targets)]
     times: dict[str, list[float]] = {name: [] for name in flag_sets}
     losses: dict[str, float] = {}
     for _ in range(args.rounds):
         for name, flags in flag_sets.items():
             env = {**os.environ, "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "3"}
             out = subprocess.run([sys.executable, __file__, "--child", *sizes], env=env, capture_output=True,
-                                 text=True, check=True)  # fmt: skip
+                                 text=True, check=True)
             result = json.loads(out.stdout.strip().splitlines()[-1])
             times[name] += result["times"]
             losses[name] = result["loss"]

@@ -113,7 +113,7 @@ def _add_infer_parser(commands: argparse._SubParsersAction) -> None:
         parents=[_AFTER, _decode_parser()],
     )
     infer.add_argument("--model_dir", required=True, help="a `ptmjax train` run, an imported model or a Hugging Face "
-                       "folder")  # fmt: skip
+                       "folder")
     infer.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     infer.add_argument("--task", default=None, help="a registered seqio task or mixture to decode")
     infer.add_argument("--split", default="validation", help="with --task: the split (default: validation)")

@@ -158,11 +158,11 @@ class ModelDir:
             in_base = shapes_by_path(folder.state_metadata(base_step)["params"])
         except FileNotFoundError as error:
             raise FileNotFoundError(f"{where}, which is gone ({error}); put it back, or point {self.base_path} at "
-                                    "a copy of it") from None  # fmt: skip
+                                    "a copy of it") from None
         missing = sorted(set(rest) - in_base.keys())
         if missing:
             raise ValueError(f"{where}, which lacks {len(missing)} of them: {missing[:3]}; put the base back, or "
-                             f"point {self.base_path} at a copy of it")  # fmt: skip
+                             f"point {self.base_path} at a copy of it")
 
         def part(paths: list[str]) -> tuple[Any, Any]:
             return subtree(abstract_params, paths), None if shardings is None else subtree(shardings, paths)

@@ -4,6 +4,12 @@ Model code names axes logically ('embed', 'heads', 'activation_batch', ...).
 This module alone knows the mesh: a rule maps one logical name to an ordered
 tuple of mesh axes (MaxText style), so data, FSDP, tensor and expert
 parallelism are a choice of mesh shape and rules, never a model change.
+
+The mesh is data: `MeshConfig.axes` is an ordered mapping from axis name to
+size (`MeshConfig.dcn_axes` the slices each spans), so a new axis is a name in
+a mesh gin file plus the rules that use it. The four fields `data`, `fsdp`,
+`tensor` and `expert` (with `dcn_data`, `dcn_fsdp`) are the shorthand the
+presets in gin_configs/mesh/ bind: the mesh of MESH_AXES in that order.
 """
 
 from __future__ import annotations
@@ -21,10 +27,10 @@ from flax import linen as nn
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")  # the shorthand fields' axes, in mesh order
 
-# The axes a batch dimension is split over: every mesh axis that is not
-# model parallel, so each device sees its own examples.
+# The axes a batch dimension is split over (those of them the mesh has): every
+# mesh axis that is not model parallel, so each device sees its own examples.
 BATCH_MESH_AXES = ("data", "fsdp", "expert")
 
 MeshAxes = str | tuple[str, ...] | None
@@ -64,6 +70,11 @@ class MeshConfig:
     """Sizes of the mesh axes; at most one may be -1, meaning "the rest".
 
     Attributes:
+      axes: the mesh as an ordered mapping {axis name: size}, e.g. {'data': -1,
+        'fsdp': 1, 'tensor': 1, 'expert': 1, 'stage': 4}; every axis a rule names
+        must be in it. None: the mesh of the four shorthand fields below, which
+        must then be the only ones bound (they stay at their defaults otherwise).
+      dcn_axes: with `axes`, how many slices each axis spans (absent: 1); see dcn_data.
       data: pure data parallelism (parameters replicated).
       fsdp: data parallelism with parameters and optimizer state sharded.
       tensor: tensor (model) parallelism over heads, mlp and vocab.
@@ -83,19 +94,57 @@ class MeshConfig:
     rules: Rules = DEFAULT_RULES
     dcn_data: int = 1
     dcn_fsdp: int = 1
+    axes: tuple[tuple[str, int], ...] | None = None
+    dcn_axes: tuple[tuple[str, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("axes", "dcn_axes"):  # a gin dict becomes ordered pairs, so the config stays hashable
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, tuple(value.items()))
+        if self.axes is None:
+            if self.dcn_axes is not None:
+                raise ValueError("MeshConfig.dcn_axes needs MeshConfig.axes; with the shorthand fields bind dcn_data "
+                                 "and dcn_fsdp")
+            return
+        names = [name for name, _ in self.axes]
+        if not names or len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"MeshConfig.axes={dict(self.axes)!r} must map distinct axis names to sizes")
+        shorthand = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                     if f.name in (*MESH_AXES, "dcn_data", "dcn_fsdp") and getattr(self, f.name) != f.default}
+        if shorthand:
+            raise ValueError(f"MeshConfig binds both axes and the shorthand {shorthand}; put those sizes in "
+                             f"MeshConfig.axes instead")
+        unknown = sorted(set(dict(self.dcn_axes or ())) - set(names))
+        if unknown:
+            raise ValueError(f"MeshConfig.dcn_axes names {unknown}, not mesh axes; known: {', '.join(names)}")
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """The mesh's axis names, in mesh order."""
+        return MESH_AXES if self.axes is None else tuple(name for name, _ in self.axes)
+
+    def requested_sizes(self) -> dict[str, int]:
+        """{axis: size} as configured, -1 unresolved."""
+        return {axis: getattr(self, axis) for axis in MESH_AXES} if self.axes is None else dict(self.axes)
 
     def dcn_sizes(self) -> dict[str, int]:
         """How many slices each mesh axis spans (1 for the axes that stay within a slice)."""
-        sizes = {axis: getattr(self, f"dcn_{axis}", 1) for axis in MESH_AXES}
-        bad = {f"dcn_{a}": s for a, s in sizes.items() if not isinstance(s, int) or s < 1}
+        if self.axes is None:
+            sizes = {axis: getattr(self, f"dcn_{axis}", 1) for axis in MESH_AXES}
+            prefix = "dcn_"
+        else:
+            sizes = {axis: dict(self.dcn_axes or ()).get(axis, 1) for axis in self.axis_names}
+            prefix = ""
+        bad = {f"{prefix}{a}": s for a, s in sizes.items() if not isinstance(s, int) or s < 1}
         if bad:
             raise ValueError(f"MeshConfig {bad}: the number of slices an axis spans must be an int >= 1")
         return sizes
 
     def axis_sizes(self, num_devices: int) -> dict[str, int]:
         """Resolves -1 against `num_devices` and checks the product."""
-        sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
-        bad = {a: s for a, s in sizes.items() if s == 0 or s < -1}
+        sizes = self.requested_sizes()
+        bad = {a: s for a, s in sizes.items() if not isinstance(s, int) or s == 0 or s < -1}
         if bad:
             raise ValueError(f"mesh axis sizes must be positive or -1, got {bad}")
         free = [a for a, s in sizes.items() if s == -1]
@@ -118,35 +167,37 @@ class MeshConfig:
 
 
 def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """Builds the named mesh (data, fsdp, tensor, expert) over `devices`."""
+    """Builds the named mesh of `config.axis_names` over `devices`."""
     devices = list(jax.devices() if devices is None else devices)
-    validate_rules(config.rules)
-    return Mesh(device_grid(config, devices), MESH_AXES)
+    validate_rules(config.rules, config.axis_names)
+    return Mesh(device_grid(config, devices), config.axis_names)
 
 
 def device_grid(config: MeshConfig, devices: Sequence[Any]) -> np.ndarray:
-    """The devices arranged as the mesh [data, fsdp, tensor, expert], topology-aware where JAX knows how.
+    """The devices arranged as the mesh (e.g. [data, fsdp, tensor, expert]), topology-aware where JAX knows how.
 
     Across the slices of a multi-slice TPU job, the grid is one block per slice
-    along the axes with `dcn_*` > 1 (mesh_utils.create_hybrid_device_mesh).
+    along the axes that span several slices (`dcn_*` > 1; mesh_utils.create_hybrid_device_mesh).
     """
     sizes = config.axis_sizes(len(devices))
-    shape = tuple(sizes[a] for a in MESH_AXES)
+    names = config.axis_names
+    shape = tuple(sizes[a] for a in names)
     dcn = config.dcn_sizes()
     slices = {getattr(d, "slice_index", 0) for d in devices}
     if math.prod(dcn.values()) != len(slices):
+        spread = " x ".join(f"{a}={n}" for a, n in dcn.items() if n > 1) or "1"
         raise ValueError(
             f"the devices span {len(slices)} slice(s) but MeshConfig spreads the mesh over "
-            f"{math.prod(dcn.values())} (dcn_data={config.dcn_data} x dcn_fsdp={config.dcn_fsdp}); "
-            f"set MeshConfig.dcn_data (data parallel across slices) or dcn_fsdp so that they multiply to {len(slices)}"
+            f"{math.prod(dcn.values())} ({spread}); set MeshConfig.dcn_data (data parallel across slices) or "
+            f"dcn_fsdp (or MeshConfig.dcn_axes) so that they multiply to {len(slices)}"
         )
     if len(slices) > 1:
-        indivisible = {a: (sizes[a], dcn[a]) for a in MESH_AXES if sizes[a] % dcn[a]}
+        indivisible = {a: (sizes[a], dcn[a]) for a in names if sizes[a] % dcn[a]}
         if indivisible:
             raise ValueError(f"mesh axes {indivisible} (size, slices) do not divide over their slices")
-        within_slice = tuple(sizes[a] // dcn[a] for a in MESH_AXES)
+        within_slice = tuple(sizes[a] // dcn[a] for a in names)
         return mesh_utils.create_hybrid_device_mesh(
-            within_slice, tuple(dcn[a] for a in MESH_AXES), devices, allow_split_physical_axes=True
+            within_slice, tuple(dcn[a] for a in names), devices, allow_split_physical_axes=True
         )
     try:
         return mesh_utils.create_device_mesh(shape, devices)
@@ -155,15 +206,15 @@ def device_grid(config: MeshConfig, devices: Sequence[Any]) -> np.ndarray:
         return np.asarray(devices).reshape(shape)
 
 
-def validate_rules(rules: Rules) -> None:
-    """Raises if a rule names a mesh axis that does not exist."""
+def validate_rules(rules: Rules, axis_names: Sequence[str] = MESH_AXES) -> None:
+    """Raises if a rule names a mesh axis that is not one of `axis_names` (the mesh's)."""
     for logical, mesh_axes in rules:
         names = (mesh_axes,) if isinstance(mesh_axes, str) else (mesh_axes or ())
         for name in names:
-            if name not in MESH_AXES:
+            if name not in axis_names:
                 raise ValueError(
                     f"unknown mesh axis {name!r} in rule for {logical!r}; "
-                    f"known: {', '.join(MESH_AXES)}"
+                    f"known: {', '.join(axis_names)} (a new axis goes in MeshConfig.axes)"
                 )
 
 
@@ -203,14 +254,19 @@ def optimizer_state_shardings(
     )
 
 
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes a batch is split over: those of BATCH_MESH_AXES the mesh has."""
+    return tuple(axis for axis in BATCH_MESH_AXES if axis in mesh.axis_names)
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Sharding of a [batch, ...] array: batch split over the data-like axes."""
-    return NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES))
+    return NamedSharding(mesh, PartitionSpec(batch_axes(mesh)))
 
 
 def data_parallel_size(mesh: Mesh) -> int:
     """How many ways a batch is split."""
-    return math.prod(mesh.shape[a] for a in BATCH_MESH_AXES)
+    return math.prod(mesh.shape[a] for a in batch_axes(mesh))
 
 
 def global_batch(host_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:

@@ -115,7 +115,7 @@ class _HoldBack(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.partition(".")[0] in self.packages:
             raise ModuleNotFoundError(f"{name} is held back while TensorFlow imports (ptmjax.tensorflow_import)",
-                                      name=name)  # fmt: skip
+                                      name=name)
         return None
 
 

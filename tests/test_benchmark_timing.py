@@ -48,10 +48,10 @@ def test_back_to_back_steps_wait_once_a_round_and_alone_each_step(benchmarks):
 def test_gpu_kernels_are_attributed_to_their_fusions_or_libraries(benchmarks):
     _, step_profile = benchmarks
     operations = {"loop_add_fusion.3": ("elementwise fusion", "backward"),
-                  "gemm_fusion_dot.55": ("matmul (library fusion)", "forward")}  # fmt: skip
+                  "gemm_fusion_dot.55": ("matmul (library fusion)", "forward")}
     events = Counter({"loop_add_fusion_3": 5, "gemm_fusion_dot_55": 7, "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT": 11,
                       "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16": 13,
-                      "void cudnn::fusion::matmul_dq<true, 64>": 17, "Memset 0": 19})  # fmt: skip
+                      "void cudnn::fusion::matmul_dq<true, 64>": 17, "Memset 0": 19})
     assert step_profile.attributed(events, operations, "gpu") == {
         ("loop_add_fusion_3", "elementwise fusion", "backward"): 5,
         ("gemm_fusion_dot_55", "matmul (library fusion)", "forward"): 7,
@@ -78,7 +78,7 @@ def test_children_run_as_their_users_run_them(benchmarks):
     glibc's defaults (as its users run it) and with ptmjax's settings; on an accelerator the environment's."""
     train_throughput, _ = benchmarks
     runs = {name: (framework, env.get("PTMJAX_KEEP_FREED_MEMORY", "auto"))
-            for name, (framework, env) in train_throughput.child_runs(on_cpu=True).items()}  # fmt: skip
+            for name, (framework, env) in train_throughput.child_runs(on_cpu=True).items()}
     assert runs == {
         "ptmjax (JAX/XLA)": ("ptmjax", os.environ.get("PTMJAX_KEEP_FREED_MEMORY", "auto")),
         "Hugging Face (PyTorch)": ("pytorch", "0"),
@@ -91,10 +91,10 @@ def test_children_run_as_their_users_run_them(benchmarks):
 
 @pytest.mark.parametrize("script, argument", [("train_throughput.py", "--steps=0"), ("step_profile.py", "--batch=-2"),
                                               ("packed_vs_unpacked.py", "--inputs=1.5"),
-                                              ("cpu_time_split.py", "--frequency=0")])  # fmt: skip
+                                              ("cpu_time_split.py", "--frequency=0")])
 def test_a_count_below_one_is_refused_in_one_line_before_anything_runs(script, argument):
     out = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), argument], capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+                         timeout=120)
     assert out.returncode == 2 and out.stdout == ""
     name, value = argument.split("=")
     assert out.stderr.strip().splitlines()[-1] == (

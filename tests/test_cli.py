@@ -247,7 +247,7 @@ def test_reading_the_command_line_imports_no_tensorflow(command):
 
 # `train` sets its compilation cache from gin (train.compilation_cache_dir); `inspect` compiles nothing.
 STARTED_BEFORE_RUNNING = {"train": ["corpus"], "eval": ["corpus", "cache"], "infer": ["corpus", "cache"],
-                          "probe": ["corpus", "cache"], "inspect": []}  # fmt: skip
+                          "probe": ["corpus", "cache"], "inspect": []}
 
 
 @pytest.mark.parametrize("command", COMMAND_LINES)

@@ -45,7 +45,7 @@ def test_explicit_cluster_is_passed_through(calls):
         (dict(local_device_ids=[0, -1]), "local_device_ids must be non-negative"),
         (dict(local_device_ids=[]), "local_device_ids must be non-negative"),
     ],
-)  # fmt: skip
+)
 def test_bad_arguments_are_refused_before_connecting(calls, kwargs, match):
     with pytest.raises(ValueError, match=match):
         initialize_distributed(**kwargs)
@@ -61,7 +61,7 @@ def test_a_second_call_does_nothing(calls, monkeypatch):
 def test_train_distributed_initializes_from_gin_before_training(calls, monkeypatch, tmp_path):
     order = []
     monkeypatch.setattr(multihost, "initialize_distributed", lambda: order.append("initialize") or
-                        initialize_distributed())  # fmt: skip
+                        initialize_distributed())
 
     def fake_train(model_dir):
         order.append("train")
@@ -73,7 +73,7 @@ def test_train_distributed_initializes_from_gin_before_training(calls, monkeypat
         "--gin_bindings=initialize_distributed.coordinator_address = '10.0.0.1:1234'",
         "--gin_bindings=initialize_distributed.num_processes = 2",
         "--gin_bindings=initialize_distributed.process_id = 1",
-    ])  # fmt: skip
+    ])
     try:
         assert cli.run_train(args) == 0
     finally:

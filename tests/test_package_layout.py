@@ -81,7 +81,7 @@ def test_the_lower_folders_import_only_below_them():
         f"{name} imports {dep}"
         for name, deps in imports().items() if folder(name) in LOWER_FOLDERS
         for dep in deps if folder(dep) and folder(dep) not in LOWER_FOLDERS[folder(name)]
-    )  # fmt: skip
+    )
     assert wrong == []
 
 
@@ -123,3 +123,19 @@ def test_tools_ask_the_family_record_never_the_model_class():
     """Outside models/ and families/, what a model is comes from `family_of(module)`, not `isinstance`."""
     outside = [p for p in PACKAGE.rglob("*.py") if folder(module_name(p)) not in ("models", "families")]
     assert [found for path in outside for found in model_classes_tested(path)] == []
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_longer_than_a_screen():
+    """A function's body (its docstring left out) is at most MAX_FUNCTION_LINES lines: a longer one is split."""
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                body = node.body[1:] if ast.get_docstring(node) is not None and len(node.body) > 1 else node.body
+                lines = node.end_lineno - body[0].lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == []

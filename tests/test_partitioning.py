@@ -73,3 +73,56 @@ def test_slices_and_dcn_settings_must_agree():
         partitioning.device_grid(MeshConfig(data=1, fsdp=-1, dcn_data=2), fake_devices(2, 4))
     with pytest.raises(ValueError, match="dcn_fsdp"):
         partitioning.device_grid(MeshConfig(dcn_fsdp=0), fake_devices(1, 4))
+
+
+STAGED = {"data": 2, "fsdp": -1, "tensor": 1, "expert": 1, "stage": 2}
+
+
+def test_the_mesh_is_an_ordered_mapping_of_axes_that_a_gin_file_can_extend():
+    import gin
+
+    gin.parse_config("import ptmjax.partitioning\nMeshConfig.axes = {'data': 2, 'fsdp': -1, 'tensor': 1, "
+                     "'expert': 1, 'stage': 2}")
+    try:
+        config = MeshConfig()
+    finally:
+        gin.clear_config()
+    mesh = partitioning.make_mesh(config)
+    assert mesh.axis_names == ("data", "fsdp", "tensor", "expert", "stage")
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 1, "expert": 1, "stage": 2}
+    assert partitioning.data_parallel_size(mesh) == 4  # 'stage' does not split the batch
+    assert hash(config) == hash(MeshConfig(axes=STAGED))
+
+
+def test_the_shorthand_fields_and_the_same_axes_give_the_same_mesh():
+    shorthand = partitioning.make_mesh(MeshConfig(data=2, fsdp=2, tensor=-1))
+    as_data = partitioning.make_mesh(MeshConfig(axes={"data": 2, "fsdp": 2, "tensor": -1, "expert": 1}))
+    assert shorthand.axis_names == as_data.axis_names
+    np.testing.assert_array_equal(shorthand.device_ids, as_data.device_ids)
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"axes": STAGED, "data": 4}, r"binds both axes and the shorthand \{'data': 4\}"),
+        ({"axes": STAGED, "dcn_axes": {"stag": 2}}, r"dcn_axes names \['stag'\], not mesh axes; known: data, fsdp"),
+        ({"dcn_axes": {"data": 2}}, "dcn_axes needs MeshConfig.axes"),
+        ({"axes": {}}, "must map distinct axis names to sizes"),
+    ],
+)
+def test_bad_axes_are_one_line_errors(options, message):
+    with pytest.raises(ValueError, match=message):
+        MeshConfig(**options)
+
+
+def test_a_rule_naming_an_axis_the_mesh_lacks_lists_the_mesh_axes():
+    rules = partitioning.DEFAULT_RULES + (("mlp", "context"),)
+    with pytest.raises(ValueError, match="unknown mesh axis 'context' .* known: data, fsdp, tensor, expert, stage"):
+        partitioning.make_mesh(MeshConfig(axes=STAGED, rules=rules))
+
+
+def test_dcn_axes_span_slices_along_named_axes():
+    grid = partitioning.device_grid(MeshConfig(axes={**STAGED, "data": -1, "fsdp": 2}, dcn_axes={"stage": 2}),
+                                    fake_devices(slices=2, per_slice=8))
+    assert grid.shape == (4, 2, 1, 1, 2)
+    np.testing.assert_array_equal(slice_of(grid), np.broadcast_to(np.arange(2), grid.shape))

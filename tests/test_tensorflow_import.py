@@ -68,7 +68,7 @@ IMPORTS = textwrap.dedent(
 
 def imports_report(scope: str) -> dict:
     result = subprocess.run([sys.executable, "-c", IMPORTS, scope], capture_output=True, text=True, timeout=300,
-                            check=True)  # fmt: skip
+                            check=True)
     return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("REPORT"))[6:])
 
 

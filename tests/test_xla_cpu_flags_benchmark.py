@@ -9,7 +9,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "xla_cpu_fl
 
 def test_an_unknown_flag_set_is_named_with_the_choices_and_nothing_runs():
     out = subprocess.run([sys.executable, SCRIPT, "--sets", "oneDNN dot fusions, bogus"], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+                         text=True, timeout=60)
     assert out.returncode == 2
     assert out.stdout == ""  # no table: no flag set was timed
     last = out.stderr.strip().splitlines()[-1]

@@ -127,7 +127,7 @@ def pretrain(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, nam
         f"train.mixture_or_task_name = '{task}'", f"train.num_steps = {setting.pretrain_steps}",
         f"train.task_feature_lengths = {{'inputs': {inputs}, 'targets': {targets}}}",
         f"train.eval_every = {setting.pretrain_steps // 5}", f"train.checkpoint_every = {setting.pretrain_steps}",
-    ]  # fmt: skip
+    ]
 
     def compute() -> dict[str, Any]:
         print(f"\n=== pre-training: {name} ({task}), {setting.pretrain_steps} steps -> {model_dir}", flush=True)
@@ -153,7 +153,7 @@ def pretrain(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, nam
             "loss_curve": [(r["step"], r["loss"]) for r in train_logs],
             "eval_curve": [(r["step"], r["eval_loss"]) for r in eval_logs],
             **tokens, "rows": setting.pretrain_steps * batch_size,
-        }  # fmt: skip
+        }
 
     return cached(model_dir, compute)
 
@@ -166,7 +166,7 @@ def restore_params(model_dir: pathlib.Path) -> tuple[nn.Module, Any]:
 
 
 def finetune(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, name: str, seed: int,
-             init_dir: str | None) -> dict[str, Any]:  # fmt: skip
+             init_dir: str | None) -> dict[str, Any]:
     """Fine-tunes from `init_dir` (None: from scratch) with `seed` (or reuses the run); rank-classifies."""
     model_dir = runs_dir / f"finetune_lr{setting.finetune_learning_rate:g}" / slug(name) / f"seed{seed}"
     lengths = {"inputs": setting.finetune_inputs_length, "targets": FINETUNE_TARGETS_LENGTH}
@@ -176,7 +176,7 @@ def finetune(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, nam
         f"train.task_feature_lengths = {lengths!r}",
         f"train.eval_every = {setting.finetune_steps // 3}", f"train.checkpoint_every = {setting.finetune_steps}",
         f"train.init_checkpoint = {init_dir!r}",
-    ]  # fmt: skip
+    ]
 
     def compute() -> dict[str, Any]:
         print(f"\n=== fine-tuning: {name}, seed {seed} -> {model_dir}", flush=True)
@@ -188,7 +188,7 @@ def finetune(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, nam
         )
         return {**timing, "eval_loss": eval_logs[-1]["eval_loss"], "accuracy": ranked.accuracy,
                 "eval_curve": [(r["step"], r["eval_loss"]) for r in eval_logs],
-                "labels": ranked.labels.tolist(), "predictions": ranked.predictions.tolist()}  # fmt: skip
+                "labels": ranked.labels.tolist(), "predictions": ranked.predictions.tolist()}
 
     return cached(model_dir, compute)
 
@@ -222,7 +222,7 @@ def summarise(setting: Setting, model_gin: str, pretrained: dict, finetuned: dic
                "accuracy_vs_baseline": statistics.fmean(accuracies) - baseline_accuracy,
                "accuracy_vs_baseline_95": difference_interval(correctness(runs), baseline),
                "downstream_eval_loss_mean": statistics.fmean(r["eval_loss"] for r in runs),
-               "finetune_wall_s_median": statistics.median(r["wall_s"] for r in runs)}  # fmt: skip
+               "finetune_wall_s_median": statistics.median(r["wall_s"] for r in runs)}
         rows.append(row)
     every_run = [*pretrained.values(), *(r for runs in finetuned.values() for r in runs)]
     loads = [x for r in every_run for x in r["load_1min"]]
@@ -239,7 +239,7 @@ def summarise(setting: Setting, model_gin: str, pretrained: dict, finetuned: dic
                     "load_1min_min_median_max": [min(loads), statistics.median(loads), max(loads)],
                     "total_train_wall_s": sum(r["wall_s"] for r in every_run)},
         "rows": rows,
-    }  # fmt: skip
+    }
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -260,7 +260,7 @@ def markdown(results: dict[str, Any]) -> str:
         "| objective | pre-train loss (train / val) | real tokens seen (inputs / targets) | pre-train wall (s/step) "
         "| downstream accuracy: mean (seeds) | vs no pre-training [95% CI] | downstream val loss | fine-tune wall |",
         "|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for row in results["rows"]:
         p = row["pretrain"]
         accuracies = ", ".join(f"{r['accuracy']:.3f}" for r in row["finetune_runs"])
@@ -352,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         name: [finetune(setting, gin_files, runs_dir, name, seed, pretrained[name]["model_dir"] if name in pretrained
                         else None) for seed in setting.finetune_seeds]
         for name in [*OBJECTIVES, BASELINE]
-    }  # fmt: skip
+    }
 
     results = summarise(setting, args.model_gin, pretrained, finetuned)
     (EXPERIMENT_DIR / f"results{suffix}.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -48,7 +48,7 @@ TASKS = {
                          "ptmjax_stdlib_code_tagging/span_f1"),
     "cloze QA": Task("runs/bert_qa_demo.gin", "EncoderForQuestionAnswering", "ptmjax_stdlib_code_qa/f1",
                      head="'qa_outputs/.*'"),
-}  # fmt: skip
+}
 
 
 PROMPT_LENGTH = 20  # soft-prompt tokens: they occupy positions of the BERT demo's 128-position table
@@ -59,7 +59,7 @@ def methods(task: Task, inputs_length: int) -> dict[str, tuple[float, list[str]]
 
     def wrapped(wrapper: str, pattern: str, *settings: str) -> list[str]:
         return [f"train.model = @{wrapper}()", f"{wrapper}.model = @{task.model}()", *settings,
-                f"train.trainable = [%ptmjax.adapt.{pattern}, {task.head}]"]  # fmt: skip
+                f"train.trainable = [%ptmjax.adapt.{pattern}, {task.head}]"]
 
     prompt_inputs = f"train.task_feature_lengths = {{'inputs': {inputs_length - PROMPT_LENGTH}}}"
     return {
@@ -78,7 +78,7 @@ def methods(task: Task, inputs_length: int) -> dict[str, tuple[float, list[str]]
             prompt_inputs]),
         "prefix tuning (10, MLP 64)": (1e-2, wrapped("prefix_tuning", "PREFIX_PARAMS", "prefix_tuning.length = 10",
                                                      "prefix_tuning.hidden = 64")),
-    }  # fmt: skip
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +153,7 @@ def compare(setting: Setting) -> dict[str, Any]:
     pretrain = cached(backbone, lambda: train(backbone, "runs/bert_demo.gin", [
         f"train.num_steps = {setting.pretrain_steps}", f"train.task_feature_lengths = {lengths}",
         f"warmup_cosine.total_steps = {setting.pretrain_steps}",
-        f"warmup_cosine.warmup_steps = {max(1, setting.pretrain_steps // 12)}"]))  # fmt: skip
+        f"warmup_cosine.warmup_steps = {max(1, setting.pretrain_steps // 12)}"]))
     results = {"pretrain": pretrain, "tasks": {}}
     for task_name in setting.tasks:
         task = TASKS[task_name]
@@ -165,17 +165,17 @@ def compare(setting: Setting) -> dict[str, Any]:
 
 
 def best_of(setting: Setting, method_dir: pathlib.Path, backbone: pathlib.Path, task: Task, learning_rate: float,
-            bindings: list[str]) -> dict[str, Any]:  # fmt: skip
+            bindings: list[str]) -> dict[str, Any]:
     """The run of the best validation score among `learning_rate` times each of the setting's factors, with the
     score of each."""
     runs = [finetune(setting, method_dir / f"lr_{factor * learning_rate:g}", backbone, task, factor * learning_rate,
-                     bindings) for factor in setting.lr_factors]  # fmt: skip
+                     bindings) for factor in setting.lr_factors]
     best = max(runs, key=lambda run: run["score"])
     return {**best, "runs": {f"{run['learning_rate']:g}": run["score"] for run in runs}}
 
 
 def finetune(setting: Setting, model_dir: pathlib.Path, backbone: pathlib.Path, task: Task, learning_rate: float,
-             bindings: list[str]) -> dict[str, Any]:  # fmt: skip
+             bindings: list[str]) -> dict[str, Any]:
     """One method on one task from the backbone (or the run's result.json)."""
     common = [
         f"train.init_checkpoint = '{backbone}'", f"train.num_steps = {setting.finetune_steps}",
@@ -184,14 +184,14 @@ def finetune(setting: Setting, model_dir: pathlib.Path, backbone: pathlib.Path, 
         f"slanted_triangular.peak_learning_rate = {learning_rate}",
         f"train.eval_every = {setting.finetune_steps}", f"train.checkpoint_every = {setting.finetune_steps}",
         f"train.inference_eval_examples = {setting.eval_examples}",
-    ]  # fmt: skip
+    ]
 
     def compute() -> dict[str, Any]:
         print(f"=== {model_dir}", flush=True)
         timing = train(model_dir, task.run_file, [*common, *bindings])
         trainable, total = trainable_counts(model_dir)
         return {**timing, "score": last_eval(model_dir, task.metric), "trainable": trainable, "total": total,
-                "learning_rate": learning_rate}  # fmt: skip
+                "learning_rate": learning_rate}
 
     return cached(model_dir, compute)
 
@@ -204,18 +204,18 @@ def table(setting: Setting, results: dict[str, Any]) -> str:
     lines = [f"Setting '{setting.name}': BERT demo backbone pre-trained {setting.pretrain_steps} steps "
              f"({results['pretrain']['wall_s']:.0f} s), fine-tuned {setting.finetune_steps} steps per method, inputs "
              f"{setting.inputs_length} tokens; machine: {platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} CPUs.", ""]  # fmt: skip
+             f"{os.cpu_count()} CPUs.", ""]
     for task_name, rows in results["tasks"].items():
         metric = TASKS[task_name].metric.split("/")[1]
         lines += [f"### {task_name} ({metric})", "",
                   "| method | score | trainable parameters | % of all | peak RSS (MiB) | wall time (s) | load | lr | "
-                  "score at each lr |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "score at each lr |", "|---|---|---|---|---|---|---|---|---|"]
         for method, row in rows.items():
             tried = ", ".join(f"{score:.1f} at {lr}" for lr, score in row["runs"].items())
             lines.append(f"| {method} | {row['score']:.1f} | {row['trainable']:,} | "
                          f"{100 * row['trainable'] / row['total']:.2f} | {row['peak_rss_mib']:.0f} | "
                          f"{row['wall_s']:.0f} | {max(row['load_1min']):.1f} | {row['learning_rate']:g} | "
-                         f"{tried} |")  # fmt: skip
+                         f"{tried} |")
         lines.append("")
     return "\n".join(lines)
 

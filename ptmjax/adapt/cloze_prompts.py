@@ -98,7 +98,7 @@ def cloze_rows(
 
 
 def cloze_scores(model: nn.Module, params: Any, input_tokens: np.ndarray, loss_mask: np.ndarray,
-                 class_ids: np.ndarray, batch_size: int = 32) -> np.ndarray:  # fmt: skip
+                 class_ids: np.ndarray, batch_size: int = 32) -> np.ndarray:
     """float32 [n, classes]: the masked LM's logit of each class token at each row's mask."""
     api = model_api(model)
     if api.family.loss is not MASKED_LM.loss:
@@ -111,14 +111,14 @@ def cloze_scores(model: nn.Module, params: Any, input_tokens: np.ndarray, loss_m
         return at_mask[:, class_ids]
 
     out = [np.asarray(scores(params, input_tokens[i : i + batch_size], loss_mask[i : i + batch_size]))
-           for i in range(0, len(input_tokens), batch_size)]  # fmt: skip
+           for i in range(0, len(input_tokens), batch_size)]
     return np.concatenate(out)
 
 
 def register_cloze_task(
     name: str, prompt: ClozePrompt, vocabulary: seqio.Vocabulary,
     examples_by_split: dict[str, Sequence[tuple[str, int]]], length: int, metric_fns: Sequence[Any] = (),
-) -> seqio.Task:  # fmt: skip
+) -> seqio.Task:
     """A seqio task of the cloze rows of each split, for `ptmjax train` of a masked LM (PET fine-tuning).
 
     Its features are those of ptmjax/data/feature_converters.py `MaskedLmFeatureConverter` at `length`.
@@ -137,5 +137,5 @@ def register_cloze_task(
     return seqio.TaskRegistry.add(
         name, seqio.FunctionDataSource(dataset_fn, splits=tuple(examples_by_split)), output_features=features,
         preprocessors=[], metric_fns=list(metric_fns),
-    )  # fmt: skip
+    )
 

@@ -26,7 +26,7 @@ DEMONSTRATION = "{text}\nAnswer: {label}\n\n"
 
 def few_shot_prompt(
     demonstrations: Sequence[tuple[str, str]], query: str, template: str = DEMONSTRATION,
-) -> str:  # fmt: skip
+) -> str:
     """The demonstrations' (text, label) filled into `template`, then the query's text with the label cut off."""
     if "{text}" not in template or not template.split("{text}", 1)[1].count("{label}"):
         raise ValueError(f"demonstration template {template!r} needs '{{text}}' followed by '{{label}}'")
@@ -46,7 +46,7 @@ def few_shot_accuracy(
     model: nn.Module, params: Any, vocabulary: seqio.Vocabulary, train: Sequence[tuple[str, int]],
     queries: Sequence[tuple[str, int]], labels: Sequence[str], k: int, task_feature_lengths: Mapping[str, int],
     seed: int = 0, template: str = DEMONSTRATION, batch_size: int = 8,
-) -> tuple[float, np.ndarray]:  # fmt: skip
+) -> tuple[float, np.ndarray]:
     """Accuracy (0-1) of rank classification over `labels` after k demonstrations, and the [n, classes] scores.
 
     The prompt has no EOS: the label continues it. A prompt longer than task_feature_lengths['inputs'] keeps
@@ -56,9 +56,9 @@ def few_shot_accuracy(
     limit = task_feature_lengths["inputs"]
     inputs = [vocabulary.encode(few_shot_prompt(demonstrations, text, template))[-limit:] for text, _ in queries]
     candidates = rank_classification.encode_candidates(vocabulary, [f" {label}" for label in labels],
-                                                       task_feature_lengths["targets"])  # fmt: skip
+                                                       task_feature_lengths["targets"])
     scores = rank_classification.candidate_log_likelihoods(
         model, params, inputs, candidates, task_feature_lengths, batch_size, causal_prompt=True,
-    )  # fmt: skip
+    )
     gold = np.asarray([label for _, label in queries])
     return float(np.mean(scores.argmax(axis=1) == gold)), scores

@@ -77,7 +77,7 @@ def _adapted_class(base: type[nn.Module], kind: type) -> type[nn.Module]:
     namespace: dict[str, Any] = {
         "__module__": kind.__module__, "__annotations__": {kind.field: kind},
         kind.field: dataclasses.field(kw_only=True),
-    }  # fmt: skip
+    }
     for name in _entry_methods(base):
         namespace[name] = _intercepted(getattr(base, name), kind)
     return type(f"{kind.class_prefix}{base.__name__}", (base,), namespace)
@@ -92,7 +92,7 @@ def _entry_methods(base: type[nn.Module]) -> set[str]:
         names |= {
             name for name, value in vars(klass).items()
             if inspect.isfunction(value) and (name == "__call__" or not name.startswith("_")) and name != "setup"
-        }  # fmt: skip
+        }
     return names
 
 

@@ -129,15 +129,15 @@ def _update(dense: Dense, inputs: Array, call: _Call) -> Array:
     in_shape, n_in = tuple(inputs.shape[a] for a in axis), len(axis)
     init_a = nn.initializers.variance_scaling(
         1 / 3, "fan_in", "uniform", in_axis=tuple(range(n_in)), out_axis=(n_in,)
-    )  # fmt: skip
+    )
     a_axes, b_axes = (*dense.kernel_axes[:n_in], None), (None, *dense.kernel_axes[n_in:])
     lora_a = dense.param(
         "lora_a", nn.with_logical_partitioning(init_a, a_axes), (*in_shape, settings.rank), dense.param_dtype
-    )  # fmt: skip
+    )
     lora_b = dense.param(
         "lora_b", nn.with_logical_partitioning(nn.initializers.zeros, b_axes), (settings.rank, *dense.features),
         dense.param_dtype,
-    )  # fmt: skip
+    )
     x = jnp.asarray(inputs, dense.dtype)
     if call.enable_dropout and settings.dropout > 0:
         keep = jax.random.bernoulli(dense.make_rng("dropout"), 1.0 - settings.dropout, x.shape)

@@ -154,7 +154,7 @@ def _stack_prefixes(stack: nn.Module, config: Any, settings: PrefixSettings) -> 
     if settings.hidden is None:
         shape = (depth, 2, heads, n, head_dim)
         return jnp.asarray(param("prefix_keys_values", nn.initializers.normal(1.0), shape, KEYS_VALUES_AXES),
-                           dtypes["dtype"])  # fmt: skip
+                           dtypes["dtype"])
     out_shape, zeros = (depth, 2, heads, head_dim), nn.initializers.zeros
     wo_init = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform", in_axis=0, out_axis=(1, 2, 3, 4))
     mlp = {

@@ -94,7 +94,7 @@ class PromptSettings:
         return module.param(
             "soft_prompt", nn.with_logical_partitioning(self.initializer(embedder), ("prompt", "embed")),
             (self.length, embedder.features), embedder.param_dtype,
-        )  # fmt: skip
+        )
 
     def initializer(self, embedder: Embed) -> Callable[..., Array]:
         """init(rng, shape, dtype) of vectors [n, embed] like token embeddings (see the module docstring)."""
@@ -154,7 +154,7 @@ class PromptCall:
 
     def _cached_call(
         self, module: nn.Module, method: str, next_fun: Callable[..., Any], arguments: dict[str, Any], entry: Entry
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """A decoding call of a decoder-only model: its tokens after the prompt's keys and values (see the module
         docstring)."""
         n, config, cache = self.settings.length, module.config, arguments["cache"]
@@ -175,7 +175,7 @@ class PromptCall:
         self.reading_prompt = False
         positions = next(name for name, how in entry.companions.items() if how == "positions")
         arguments[positions] = (sequential_positions(tokens) if arguments.get(positions) is None
-                                else arguments[positions]) + n  # fmt: skip
+                                else arguments[positions]) + n
         try:
             return next_fun(**arguments)
         finally:

@@ -36,7 +36,7 @@ def model_gin(model: nn.Module) -> str:
     lines += [
         f"{model_name}.{f.name} = {getattr(model, f.name)!r}" for f in dataclasses.fields(model)
         if f.name not in MODULE_FIELDS_NOT_BOUND and f.init and getattr(model, f.name) != f.default
-    ]  # fmt: skip
+    ]
     lines += [f"{config_name}.{f.name} = {getattr(config, f.name)!r}" for f in dataclasses.fields(config)]
     return "\n".join(lines) + "\n"
 

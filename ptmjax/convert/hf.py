@@ -72,7 +72,7 @@ FAMILIES: dict[str, tuple[ModuleType, dict[str, Head]]] = {
     }),
     "bart": (hf_bart, {"BartForConditionalGeneration": Head(Bart)}),
     "mbart": (hf_bart, {"MBartForConditionalGeneration": Head(Bart)}),
-}  # fmt: skip
+}
 
 
 def head_of_config(hf_config: Mapping[str, Any]) -> tuple[ModuleType, Head]:

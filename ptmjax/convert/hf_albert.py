@@ -32,7 +32,7 @@ LAYOUT = HFLayout(
     query="attention.query", key="attention.key", value="attention.value", attention_out="attention.dense",
     attention_norm="attention.LayerNorm", ffn_in="ffn", ffn_out="ffn_output", ffn_norm="full_layer_layer_norm",
     projection="albert.encoder.embedding_hidden_mapping_in",
-)  # fmt: skip
+)
 TIED = {
     "predictions.decoder.weight": "albert.embeddings.word_embeddings.weight",
     "predictions.decoder.bias": "predictions.bias",
@@ -77,11 +77,11 @@ def to_hf_config(config: AlbertConfig) -> Any:
     refuse_unless(config, "ALBERT", positions_after_padding=(False,))
     if config.embedding_size is None:
         raise ValueError("AlbertConfig.embedding_size=None has no Hugging Face ALBERT equivalent (ALBERT always "
-                         "projects its embeddings); set embedding_size, e.g. to d_model.")  # fmt: skip
+                         "projects its embeddings); set embedding_size, e.g. to d_model.")
     return transformers.AlbertConfig(
         **hf_encoder_kwargs(config), embedding_size=config.embedding_size, num_hidden_groups=config.layer_groups,
         inner_group_num=1, classifier_dropout_prob=config.classifier_dropout_rate,
-    )  # fmt: skip
+    )
 
 
 def hf_class_name(config: AlbertConfig) -> str:
@@ -98,7 +98,7 @@ def build_hf_model(config: AlbertConfig) -> Any:
 
 def _rules(config: AlbertConfig) -> list[Rule]:
     rules = backbone_rules(config, LAYOUT) + mlm_head_rules("predictions.dense", "predictions.LayerNorm",
-                                                            "predictions.bias")  # fmt: skip
+                                                            "predictions.bias")
     if config.sop_head:
         rules += pair_head_rules("albert.pooler", "sop_classifier.classifier")
     return rules

@@ -57,7 +57,7 @@ def from_hf_config(hf_config: Any, dtype: str = "float32", param_dtype: str = "f
         ("encoder_layerdrop", 0.0), ("decoder_layerdrop", 0.0), ("add_bias_logits", False),
         ("static_position_embeddings", False), ("normalize_embedding", True),
         ("normalize_before", pre_layer_norm), ("add_final_layer_norm", pre_layer_norm), ("extra_pos_embeddings", 2),
-    ):  # fmt: skip
+    ):
         require(hf_config, name, flag, [value], value)
     activation = require(hf_config, name, "activation_function", list(ACTIVATIONS), "gelu")
     pad = field(hf_config, "pad_token_id", 1)
@@ -105,7 +105,7 @@ def to_hf_config(config: BartConfig) -> Any:
         scale_embedding=config.scale_embedding, dropout=config.dropout_rate,
         attention_dropout=config.attention_dropout_rate, activation_dropout=config.activation_dropout_rate,
         activation_function=TO_HF_ACTIVATION[config.activation],
-    )  # fmt: skip
+    )
 
 
 def build_hf_model(config: BartConfig) -> Any:
@@ -131,14 +131,14 @@ def _rules(config: BartConfig) -> list[Rule]:
             rules.append(one_to_one(
                 f"{hf}.{hf_name}.weight", (*ours, name, "kernel"),
                 lambda w: w.T.reshape(e, h, d), lambda w: w.reshape(e, h * d).T,
-            ))  # fmt: skip
+            ))
             rules.append(one_to_one(
                 f"{hf}.{hf_name}.bias", (*ours, name, "bias"), lambda b: b.reshape(h, d), lambda b: b.reshape(h * d)
-            ))  # fmt: skip
+            ))
         rules.append(one_to_one(
             f"{hf}.out_proj.weight", (*ours, "out", "kernel"),
             lambda w: w.T.reshape(h, d, e), lambda w: w.reshape(h * d, e).T,
-        ))  # fmt: skip
+        ))
         rules.append(one_to_one(f"{hf}.out_proj.bias", (*ours, "out", "bias")))
 
     for stack, num_layers in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
@@ -155,7 +155,7 @@ def _rules(config: BartConfig) -> list[Rule]:
                 norm(f"{hf}.encoder_attn_layer_norm", (*ours, "encoder_decoder_attention_layer_norm"))
             for hf_name, name in (("fc1", "wi"), ("fc2", "wo")):
                 rules.append(one_to_one(f"{hf}.{hf_name}.weight", (*ours, "mlp", name, "kernel"), np.transpose,
-                                        np.transpose))  # fmt: skip
+                                        np.transpose))
                 rules.append(one_to_one(f"{hf}.{hf_name}.bias", (*ours, "mlp", name, "bias")))
             norm(f"{hf}.final_layer_norm", (*ours, "mlp_layer_norm"))
         if config.pre_layer_norm:

@@ -98,7 +98,7 @@ def _rules(config: BertConfig) -> list[Rule]:
         rules += mlm_head_rules("lm_head.dense", "lm_head.layer_norm", "lm_head.bias")
     else:
         rules += mlm_head_rules("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
-                                "cls.predictions.bias")  # fmt: skip
+                                "cls.predictions.bias")
     if config.nsp_head:
         rules += pair_head_rules(f"{family(config)}.pooler.dense", "cls.seq_relationship")
     return rules

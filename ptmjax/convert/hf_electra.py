@@ -38,7 +38,7 @@ HF_CLASSES = {"discriminator": "ElectraForPreTraining", "generator": "ElectraFor
 LAYOUT = HFLayout(
     embeddings="electra.embeddings", layer="electra.encoder.layer.{}", projection="electra.embeddings_project",
     **BERT_LAYER_NAMES,
-)  # fmt: skip
+)
 TIED = {"discriminator": {}, "generator": {"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"}}
 
 
@@ -89,7 +89,7 @@ def _rules(config: ElectraConfig, role: Role) -> list[Rule]:
     rules = backbone_rules(config, LAYOUT)
     if _check_role(role) == "generator":
         return rules + mlm_head_rules("generator_predictions.dense", "generator_predictions.LayerNorm",
-                                      "generator_lm_head.bias")  # fmt: skip
+                                      "generator_lm_head.bias")
     return [
         *rules,
         *dense_rules("discriminator_predictions.dense", ("discriminator_head", "dense")),

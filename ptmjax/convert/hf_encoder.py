@@ -50,7 +50,7 @@ BERT_LAYER_NAMES = {
     "query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
     "attention_out": "attention.output.dense", "attention_norm": "attention.output.LayerNorm",
     "ffn_in": "intermediate.dense", "ffn_out": "output.dense", "ffn_norm": "output.LayerNorm",
-}  # fmt: skip
+}
 
 
 def encoder_fields(hf_config: Any, family: str) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def hf_encoder_kwargs(config: EncoderConfig) -> dict[str, Any]:
         type_vocab_size=config.type_vocab_size, pad_token_id=config.pad_token_id,
         hidden_act=TO_HF_ACTIVATION[config.activation], hidden_dropout_prob=config.dropout_rate,
         attention_probs_dropout_prob=config.attention_dropout_rate, layer_norm_eps=config.layer_norm_epsilon,
-    )  # fmt: skip
+    )
 
 
 def norm_rules(hf: str, ours: tuple[str, ...]) -> list[Rule]:
@@ -129,15 +129,15 @@ def backbone_rules(config: EncoderConfig, layout: HFLayout) -> list[Rule]:
             rules.append(one_to_one(
                 f"{hf}.{hf_name}.weight", (*path, "kernel"),
                 lambda w: w.T.reshape(e, h, d), lambda w: w.reshape(e, h * d).T,
-            ))  # fmt: skip
+            ))
             rules.append(one_to_one(
                 f"{hf}.{hf_name}.bias", (*path, "bias"), lambda b: b.reshape(h, d), lambda b: b.reshape(h * d),
-            ))  # fmt: skip
+            ))
         out = (*ours, "attention", "out")
         rules.append(one_to_one(
             f"{hf}.{layout.attention_out}.weight", (*out, "kernel"),
             lambda w: w.T.reshape(h, d, e), lambda w: w.reshape(h * d, e).T,
-        ))  # fmt: skip
+        ))
         rules.append(one_to_one(f"{hf}.{layout.attention_out}.bias", (*out, "bias")))
         rules += norm_rules(f"{hf}.{layout.attention_norm}", (*ours, "attention_layer_norm"))
         rules += dense_rules(f"{hf}.{layout.ffn_in}", (*ours, "mlp", "wi"))
@@ -150,7 +150,7 @@ def mlm_head_rules(dense: str, norm: str, bias: str) -> list[Rule]:
     """The MLM head's transform, LayerNorm and output bias (the decoder weight is the tied word embedding)."""
     head = ("mlm_head",)
     return [*dense_rules(dense, (*head, "transform")), *norm_rules(norm, (*head, "layer_norm")),
-            one_to_one(bias, (*head, "bias"))]  # fmt: skip
+            one_to_one(bias, (*head, "bias"))]
 
 
 def pair_head_rules(pooler: str, classifier: str) -> list[Rule]:

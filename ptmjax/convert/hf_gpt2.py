@@ -71,7 +71,7 @@ def to_hf_config(config: GPT2Config) -> Any:
         activation_function=TO_HF_ACTIVATION[config.activation], resid_pdrop=config.dropout_rate,
         embd_pdrop=config.dropout_rate, attn_pdrop=config.attention_dropout_rate,
         layer_norm_epsilon=config.layer_norm_epsilon, **special,
-    )  # fmt: skip
+    )
 
 
 def build_hf_model(config: GPT2Config) -> Any:
@@ -101,16 +101,16 @@ def backbone_rules(config: GPT2Config) -> list[Rule]:
             f"{hf}.attn.c_attn.weight", tuple((*p, "kernel") for p in qkv),
             lambda w: [part.reshape(e, h, d) for part in np.split(w, 3, axis=1)],
             lambda ws: np.concatenate([w.reshape(e, h * d) for w in ws], axis=1),
-        ))  # fmt: skip
+        ))
         rules.append(Rule(
             f"{hf}.attn.c_attn.bias", tuple((*p, "bias") for p in qkv),
             lambda b: [part.reshape(h, d) for part in np.split(b, 3)],
             lambda bs: np.concatenate([b.reshape(h * d) for b in bs]),
-        ))  # fmt: skip
+        ))
         rules.append(one_to_one(
             f"{hf}.attn.c_proj.weight", (*attn, "out", "kernel"),
             lambda w: w.reshape(h, d, e), lambda w: w.reshape(h * d, e),
-        ))  # fmt: skip
+        ))
         rules.append(one_to_one(f"{hf}.attn.c_proj.bias", (*attn, "out", "bias")))
         for hf_name, name in (("c_fc", "wi"), ("c_proj", "wo")):
             rules.append(one_to_one(f"{hf}.mlp.{hf_name}.weight", (*ours, "mlp", name, "kernel")))

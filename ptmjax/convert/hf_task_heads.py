@@ -143,7 +143,7 @@ def from_hf_config(hf_config: Any, dtype: str = "float32", param_dtype: str = "f
     return model_class(
         config, num_labels=_num_labels(hf_config, task_class),
         classifier_dropout_rate=None if dropout is None else float(dropout),
-    )  # fmt: skip
+    )
 
 
 def to_hf_config(model: nn.Module) -> Any:

@@ -47,7 +47,7 @@ def write_tokenizer(vocabulary: seqio.Vocabulary, hf_dir: str) -> None:
         token = vocabulary.tokenizer.id_to_token
         config = {"tokenizer_class": "PreTrainedTokenizerFast"}
         for role, i in (("pad", vocabulary.pad_id), ("eos", vocabulary.eos_id), ("unk", vocabulary.unk_id),
-                        ("bos", vocabulary.bos_id)):  # fmt: skip
+                        ("bos", vocabulary.bos_id)):
             if i is not None:
                 config[f"{role}_token"] = token(i)
     else:
@@ -74,4 +74,4 @@ def _sentencepiece_config(vocabulary: seqio.SentencePieceVocabulary, hf_dir: str
     return {
         "tokenizer_class": "T5Tokenizer", "extra_ids": vocabulary.extra_ids,
         **dict(zip(("pad_token", "eos_token", "unk_token"), pieces, strict=True)),
-    }  # fmt: skip
+    }

@@ -26,7 +26,7 @@ class Rule(NamedTuple):
 def one_to_one(
     hf_key: str, path: tuple[str, ...],
     to_ours: Callable[[np.ndarray], np.ndarray] = lambda w: w, to_hf: Callable[[np.ndarray], np.ndarray] = lambda w: w,
-) -> Rule:  # fmt: skip
+) -> Rule:
     """A rule for one HF tensor <-> one ptmjax parameter."""
     return Rule(hf_key, (path,), lambda w: [to_ours(w)], lambda ws: to_hf(ws[0]))
 

@@ -75,7 +75,7 @@ def register_module_head_task(vocabulary: seqio.Vocabulary | None = None) -> seq
         preprocessors=[without_autograph(seqio.preprocessors.tokenize),
                        without_autograph(seqio.preprocessors.append_eos_after_trim)],
         metric_fns=[metrics.accuracy], postprocess_fn=label_postprocessor,
-    )  # fmt: skip
+    )
 
 
 register_module_head_task()

@@ -55,7 +55,7 @@ def module_names(module: str) -> frozenset[str]:
         name for name, obj in namespace.items()
         if not name.startswith("_") and (inspect.isclass(obj) or inspect.isroutine(obj))
         and getattr(obj, "__module__", None) == module
-    )  # fmt: skip
+    )
 
 
 def _quote_end(words: Sequence[str], start: int) -> int | None:

@@ -106,7 +106,7 @@ class _Extraction:
     def __init__(self):
         self._stdout, self._stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         self._process = subprocess.Popen([sys.executable, "-I", "-S", __file__], stdin=subprocess.DEVNULL,
-                                         stdout=self._stdout, stderr=self._stderr)  # fmt: skip
+                                         stdout=self._stdout, stderr=self._stderr)
 
     def documents(self) -> tuple[tuple[str, str], ...]:
         """Waits for it: (module name, document) pairs."""

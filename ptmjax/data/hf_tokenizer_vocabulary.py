@@ -62,14 +62,14 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
             tokenizer = Tokenizer.from_file(path)
         except Exception as error:  # tokenizers raises plain Exceptions
             raise ValueError(f"{path} is not a tokenizer.json ({_first_line(error)}); re-save it with "
-                             "transformers' save_pretrained") from None  # fmt: skip
+                             "transformers' save_pretrained") from None
         return cls(tokenizer, **ids)
 
     @classmethod
     def byte_level_bpe(
         cls, vocab_file: str, merges_file: str, add_prefix_space: bool = False,
         special_tokens: Sequence[str] = (), **ids: int | None,
-    ) -> HfTokenizerVocabulary:  # fmt: skip
+    ) -> HfTokenizerVocabulary:
         """GPT-2 / BART / RoBERTa byte-level BPE from vocab.json and merges.txt, as transformers builds it."""
         vocab = read_json(vocab_file)
         require_file(merges_file)
@@ -77,7 +77,7 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
             model = models.BPE.from_file(vocab_file, merges_file, continuing_subword_prefix="", end_of_word_suffix="")
         except Exception as error:
             raise ValueError(f"{merges_file} does not hold BPE merges of {vocab_file} ({_first_line(error)}); "
-                             "point to the tokenizer's own vocab.json and merges.txt") from None  # fmt: skip
+                             "point to the tokenizer's own vocab.json and merges.txt") from None
         tokenizer = Tokenizer(model)
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
         tokenizer.decoder = decoders.ByteLevel()
@@ -89,7 +89,7 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
         cls, vocab_file: str, lowercase: bool = True, strip_accents: bool | None = None,
         tokenize_chinese_chars: bool = True, unk_token: str = "[UNK]", special_tokens: Sequence[str] = (),
         **ids: int | None,
-    ) -> HfTokenizerVocabulary:  # fmt: skip
+    ) -> HfTokenizerVocabulary:
         """BERT WordPiece from vocab.txt (one token a line), as transformers' BertTokenizer builds it."""
         require_file(vocab_file)
         try:
@@ -104,7 +104,7 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
         tokenizer.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=tokenize_chinese_chars, strip_accents=strip_accents,
             lowercase=lowercase,
-        )  # fmt: skip
+        )
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece(prefix="##")
         tokenizer.add_special_tokens([token for token in special_tokens if token in vocab])

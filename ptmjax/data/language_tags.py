@@ -33,7 +33,7 @@ MBART_CC25_LANGUAGE_CODES = (
     "ar_AR", "cs_CZ", "de_DE", "en_XX", "es_XX", "et_EE", "fi_FI", "fr_XX", "gu_IN", "hi_IN", "it_IT", "ja_XX",
     "kk_KZ", "ko_KR", "lt_LT", "lv_LV", "my_MM", "ne_NP", "nl_XX", "ro_RO", "ru_RU", "si_LK", "tr_TR", "vi_VN",
     "zh_CN",
-)  # fmt: skip
+)
 TAGS_IN_INPUTS = 2  # </s> and the source code
 
 

@@ -33,7 +33,7 @@ def trim_and_pack(dataset: tf.data.Dataset, feature_lengths: Mapping[str, int]) 
             raise ValueError(f"Features to be packed must be one-dimensional. '{name}' is not.")
     lengths = dict(feature_lengths)
     dataset = dataset.map(lambda x: {name: x[name][:length] for name, length in lengths.items()},
-                          num_parallel_calls=tf.data.AUTOTUNE)  # fmt: skip
+                          num_parallel_calls=tf.data.AUTOTUNE)
     # A batch of as many examples as the longest row has tokens fills at least one row (examples are non-empty).
     dataset = dataset.padded_batch(max(lengths.values()), padded_shapes={name: [-1] for name in lengths})
     dataset = dataset.map(lambda batch: _packed_rows(batch, lengths), num_parallel_calls=tf.data.AUTOTUNE).unbatch()
@@ -71,13 +71,13 @@ def _packed_rows(batch: Mapping[str, tf.Tensor], lengths: Mapping[str, int]) -> 
         return i + 1, appended, rows
 
     rows = {column: tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[length])
-            for column, length in columns.items()}  # fmt: skip
+            for column, length in columns.items()}
     count = tf.shape(batch[names[0]])[0]
     _, row, rows = tf.while_loop(
         lambda i, row, rows: i < count, add_example, (tf.constant(0), dict(empty), rows),
         shape_invariants=(tf.TensorShape([]), {column: tf.TensorShape([None]) for column in columns},
                           {column: tf.TensorShape(None) for column in columns}),
-    )  # fmt: skip
+    )
     _, rows = with_row_written(row, rows)
     packed = {column: rows[column].stack() for column in columns}
     for name in names:

@@ -171,7 +171,7 @@ def register_qa_task(vocabulary: seqio.Vocabulary | None = None) -> seqio.Task:
                          "answer_start": seqio.Feature(ids, add_eos=False, rank=0),
                          "answer_end": seqio.Feature(ids, add_eos=False, rank=0)},
         metric_fns=[metrics.squad], postprocess_fn=answers_postprocessor,
-    )  # fmt: skip
+    )
 
 
 register_qa_task()

@@ -71,7 +71,7 @@ def tagging_dataset_fn(
         lambda: iter(examples),
         output_signature={"inputs": tf.TensorSpec([None], tf.int32), "tags": tf.TensorSpec([None], tf.int32),
                           "words": tf.TensorSpec([None], tf.string)},
-    )  # fmt: skip
+    )
     if shuffle_files:
         dataset = dataset.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True)
     return dataset
@@ -88,7 +88,7 @@ def truncate_tagging(dataset: tf.data.Dataset, sequence_length: Mapping[str, int
         tags = features["tags"][:kept]
         num_words = tf.reduce_sum(tf.cast(tags != UNSCORED, tf.int32))
         return {"inputs": tf.concat([features["inputs"][:kept], features["inputs"][-1:]], 0),
-                "tags": tf.concat([tags, [UNSCORED]], 0), "words": features["words"][:num_words]}  # fmt: skip
+                "tags": tf.concat([tags, [UNSCORED]], 0), "words": features["words"][:num_words]}
 
     return dataset.map(truncate, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -116,7 +116,7 @@ def register_tagging_task(vocabulary: seqio.Vocabulary | None = None) -> seqio.T
         output_features={"inputs": seqio.Feature(vocabulary, add_eos=True),
                          "tags": seqio.Feature(seqio.PassThroughVocabulary(len(TAGS)), add_eos=False)},
         metric_fns=[metrics.token_tagging(TAGS)], postprocess_fn=tags_postprocessor,
-    )  # fmt: skip
+    )
 
 
 register_tagging_task()

@@ -110,7 +110,7 @@ class SequenceRegressionFeatureConverter(SequenceClassificationFeatureConverter)
     LABELS = {"label": tf.float32}
     MODEL_FEATURES = {
         **SequenceClassificationFeatureConverter.MODEL_FEATURES, "label": Spec(dtype=tf.float32, rank=0),
-    }  # fmt: skip
+    }
 
 
 class TokenTaggingFeatureConverter(TaskHeadFeatureConverter):
@@ -118,7 +118,7 @@ class TokenTaggingFeatureConverter(TaskHeadFeatureConverter):
 
     MODEL_FEATURES = {
         **TaskHeadFeatureConverter.MODEL_FEATURES, "tags": Spec(dtype=tf.int32), "tag_weights": Spec(dtype=tf.int32),
-    }  # fmt: skip
+    }
 
     def required_features(self) -> list[str]:
         return ["inputs", "tags"]
@@ -149,7 +149,7 @@ class SpanQuestionAnsweringFeatureConverter(TaskHeadFeatureConverter):
         return {
             **out, "answer_start": tf.clip_by_value(start, 0, last), "answer_end": tf.clip_by_value(end, 0, last),
             "example_weight": tf.cast(fits, tf.int32),
-        }  # fmt: skip
+        }
 
 
 class DecoderClassificationFeatureConverter(SequenceClassificationFeatureConverter):
@@ -159,7 +159,7 @@ class DecoderClassificationFeatureConverter(SequenceClassificationFeatureConvert
     MODEL_FEATURES = {
         name: spec for name, spec in SequenceClassificationFeatureConverter.MODEL_FEATURES.items()
         if name != "token_type_ids"
-    }  # fmt: skip
+    }
 
     def padded(self, features: Features) -> dict[str, tf.Tensor]:
         out = super().padded(features)

@@ -28,7 +28,7 @@ from ptmjax.data.hf_tokenizer_vocabulary import HfTokenizerVocabulary, read_json
 
 SPIECE, TOKENIZER_JSON, VOCAB_JSON, MERGES, VOCAB_TXT = (
     "spiece.model", "tokenizer.json", "vocab.json", "merges.txt", "vocab.txt",
-)  # fmt: skip
+)
 TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP = "tokenizer_config.json", "special_tokens_map.json"
 TOKENIZER_FILES = (SPIECE, TOKENIZER_JSON, VOCAB_JSON, MERGES, VOCAB_TXT, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)
 T5_TOKENIZER_CLASSES = ("T5Tokenizer", "T5TokenizerFast", "MT5Tokenizer", "MT5TokenizerFast")
@@ -91,14 +91,14 @@ def read_vocabulary(directory: str) -> seqio.Vocabulary:
         vocabulary = HfTokenizerVocabulary.byte_level_bpe(
             path[VOCAB_JSON], path[MERGES], add_prefix_space=bool(config.get("add_prefix_space", False)),
             special_tokens=[*tokens.values(), *_listed_tokens(config)],
-        )  # fmt: skip
+        )
     elif VOCAB_TXT in present:
         vocabulary = HfTokenizerVocabulary.wordpiece(
             path[VOCAB_TXT], lowercase=bool(config.get("do_lower_case", True)),
             strip_accents=config.get("strip_accents"),
             tokenize_chinese_chars=bool(config.get("tokenize_chinese_chars", True)),
             unk_token=tokens.get("unk", "[UNK]"), special_tokens=[*tokens.values(), *_listed_tokens(config)],
-        )  # fmt: skip
+        )
     else:
         raise FileNotFoundError(
             f"{directory} holds no tokenizer ({', '.join(TOKENIZER_FILES[:5])}); copy the tokenizer files of the "

@@ -49,7 +49,7 @@ def beam_search(
     best_case_penalty = length_penalty(length, alpha)
 
     def extend(i: Array, live_tokens: Array, live_scores: Array, done_tokens: Array, done_scores: Array,
-               logits: Array) -> tuple:  # fmt: skip
+               logits: Array) -> tuple:
         """Step i of every row's beams -> (live tokens, live scores, done tokens, done scores, the live
         beams' new tokens [b * k], the rows [b * k] whose caches they continue)."""
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(rows, k, vocab)
@@ -86,7 +86,7 @@ def beam_search(
     state = (
         jnp.zeros((), jnp.int32), empty, jnp.tile(first_live, (rows, 1)), empty, jnp.full((rows, k), -jnp.inf),
         repeat_rows(prefill.state, k), jnp.repeat(prefill.first_logits, k, axis=0),
-    )  # fmt: skip
+    )
     # The model never runs on the last step's tokens: the loop stops before it, and it is taken after.
     state = jax.lax.while_loop(lambda state: running(state) & (state[0] < length - 1), body, state)
     i, live_tokens, live_scores, done_tokens, done_scores, _, logits = state

@@ -23,7 +23,7 @@ PrefillFn = Callable[[nn.Module, Any, Mapping[str, Array], int, GenerationIds], 
 def predict(
     prefill_fn: PrefillFn, module: nn.Module, params: Any, batch: Mapping[str, Array], config: DecodeConfig,
     ids: GenerationIds, rng: Array | None = None,
-) -> DecodeOutput:  # fmt: skip
+) -> DecodeOutput:
     """Decodes every row of `batch` (the fields `prefill_fn` reads). Pure: jit it with `config` and `ids` static.
 
     method='sample' needs `rng`. `ids` needs EOS; pad defaults to EOS.
@@ -44,5 +44,5 @@ def predict(
     tokens, scores = sample(
         prefill, length, ids, rng if config.method == "sample" else None, config.temperature, config.top_k,
         config.top_p,
-    )  # fmt: skip
+    )
     return DecodeOutput(tokens.reshape(rows, n, length), scores.reshape(rows, n))

@@ -69,12 +69,12 @@ def encoder_decoder_prefill(
         slots = CacheSlots(jnp.asarray(index, jnp.int32), max_decode_length)
         logits, updated = module.apply(
             variables, encoded, state.inputs, tokens, cache=slots, method="decode", mutable=["cache"]
-        )  # fmt: skip
+        )
         return logits[:, -1], DecodeState(updated["cache"], state.inputs)
 
     state = _empty_state(
         lambda tokens: decode(DecodeState(None, inputs), tokens, 0, encoded), inputs, max_decode_length
-    )  # fmt: skip
+    )
     start = jnp.full((rows, 1), ids.decoder_start_token_id, jnp.int32)
     first_logits, state = decode(state, start, 0, encoded)
 
@@ -106,7 +106,7 @@ def decoder_only_prefill(
     generated = jnp.ones((rows, max_decode_length), jnp.int32)
     inputs = {  # over the cache slots [b, cache length]
         "segment_ids": jnp.concatenate([in_prompt.astype(jnp.int32), generated], axis=1), "lengths": lengths,
-    }  # fmt: skip
+    }
     if bidirectional:
         inputs["prefix"] = jnp.concatenate([in_prompt.astype(jnp.int32), 0 * generated], axis=1)
 
@@ -117,7 +117,7 @@ def decoder_only_prefill(
         hidden, updated = module.apply(
             variables, tokens, fields["segment_ids"], positions, fields.get("prefix"), cache=slots,
             method="hidden_states", mutable=["cache"],
-        )  # fmt: skip
+        )
         logits = module.apply({"params": params}, hidden[:, -1:], method="logits")[:, 0]
         return logits, DecodeState(updated["cache"], fields)
 

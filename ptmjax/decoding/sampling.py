@@ -45,7 +45,7 @@ def filter_logits(logits: Array, top_k: int = 0, top_p: float = 1.0) -> Array:
 def sample(
     prefill: Prefill, max_decode_length: int, ids: GenerationIds, rng: Array | None = None,
     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-) -> tuple[Array, Array]:  # fmt: skip
+) -> tuple[Array, Array]:
     """-> tokens int32 [n, max_decode_length], scores float32 [n]. Greedy (argmax) without `rng`.
 
     `ids` as `GenerationIds.for_decoding` gives them (EOS and pad set).
@@ -85,7 +85,7 @@ def sample(
         jnp.zeros((), jnp.int32), jnp.full((rows, max_decode_length), pad_id, jnp.int32), prefill.state,
         prefill.first_logits, jnp.zeros((rows,), bool), jnp.zeros((rows,), jnp.float32),
         jax.random.key(0) if rng is None else rng,
-    )  # fmt: skip
+    )
     # The model never runs on the last tokens: the loop stops before them, and they are chosen after it.
     state = jax.lax.while_loop(lambda state: running(state) & (state[0] < max_decode_length - 1), body, state)
     i, tokens, _, logits, finished, scores, key = state

@@ -21,13 +21,13 @@ Predict = Callable[[Any, Mapping[str, Array], DecodeConfig, GenerationIds, Array
 def jit_predict(
     predict: Predict, boxed_abstract_params: Any, mesh: Mesh, rules: partitioning.Rules, config: DecodeConfig,
     ids: GenerationIds,
-) -> Callable[..., DecodeOutput]:  # fmt: skip
+) -> Callable[..., DecodeOutput]:
     """`predict` (ModelApi.predict) jitted on `mesh`: returns `run(params, batch, rng=None)`.
 
     `params` may be laid out anyhow (they are moved to the rules' shardings);
     the batch size must divide over the data axes.
     """
-    partitioning.validate_rules(rules)
+    partitioning.validate_rules(rules, mesh.axis_names)
     with jax.set_mesh(mesh):
         param_shardings = partitioning.logical_shardings(boxed_abstract_params, mesh, rules)
     rows = partitioning.batch_sharding(mesh)

@@ -58,7 +58,7 @@ class InferenceEvaluator:
         decode_config: DecodeConfig, ids: GenerationIds, batch_size: int, split: str = "validation",
         task_feature_lengths: Mapping[str, int] | None = None, max_examples: int | None = None,
         show_progress: bool = False, logits_chunk_size: int | None = None,
-    ):  # fmt: skip
+    ):
         provider = pipeline.get_task_or_mixture(mixture_or_task_name)
         if split not in provider.splits:
             known = ", ".join(provider.splits)
@@ -68,7 +68,7 @@ class InferenceEvaluator:
             mixture_or_task_name, api.family.feature_converter(pack=False), eval_split=split,
             sequence_length=None if task_feature_lengths is None else dict(task_feature_lengths),
             num_examples=max_examples, async_compute_metrics=False,
-        )  # fmt: skip
+        )
         if not self._seqio.eval_tasks:
             raise ValueError(
                 f"no task of {mixture_or_task_name!r} has a {split!r} split and metric functions; "
@@ -103,7 +103,7 @@ class InferenceEvaluator:
         future, _ = self._seqio.evaluate(
             compute_metrics=True, step=step, predict_fn=functools.partial(self._predict_fn, params),
             score_fn=functools.partial(self._score_fn, params),
-        )  # fmt: skip
+        )
         return {task: scalars(metrics) for task, metrics in future.result().items()}
 
     def _predict_fn(self, params: Any, dataset: tf.data.Dataset) -> list[tuple[int, list[int]]]:
@@ -130,7 +130,7 @@ class InferenceEvaluator:
         with tqdm(
             total=total if total >= 0 else None, desc=f"{self._task_of.get(id(dataset), 'eval')} {what}", unit="ex",
             disable=not self.show_progress, dynamic_ncols=True, leave=False,
-        ) as bar:  # fmt: skip
+        ) as bar:
             for number, batch in enumerate(batching.padded_batches(dataset, self.batch_size)):
                 rows = model_fn(number, batching.on_mesh(batch.features, self._rows))
                 outputs.extend(zip(batch.indices.tolist(), rows[: batch.count], strict=True))

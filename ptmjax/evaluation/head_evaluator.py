@@ -41,7 +41,7 @@ class HeadEvaluator:
         self, api: ModelApi, mixture_or_task_name: str, mesh: Mesh, rules: partitioning.Rules, batch_size: int,
         task_feature_lengths: Mapping[str, int] | None = None, split: str = "validation",
         max_examples: int | None = None,
-    ):  # fmt: skip
+    ):
         if api.family.head_predictions is None:
             raise ValueError(f"{type(api.module).__name__} has no task head; evaluate it with InferenceEvaluator")
         provider = pipeline.get_task_or_mixture(mixture_or_task_name)
@@ -57,7 +57,7 @@ class HeadEvaluator:
         converter = api.family.feature_converter(pack=False)
         for task in self._tasks:
             dataset = task.get_dataset(None if task_feature_lengths is None else dict(task_feature_lengths),
-                                       split=split, shuffle=False, num_epochs=1, seed=0, use_cached=False)  # fmt: skip
+                                       split=split, shuffle=False, num_epochs=1, seed=0, use_cached=False)
             if max_examples is not None:
                 dataset = dataset.take(max_examples)
             self._examples[task.name] = examples = list(dataset.as_numpy_iterator())
@@ -86,9 +86,9 @@ class HeadEvaluator:
             rows = self._predictions(params, task.name)
             outputs = [self._output(task, row, example) for row, example in zip(rows, examples, strict=True)]
             targets = [task.postprocess_fn(example.get("targets_pretokenized"), example=example, is_target=True)
-                       for example in examples]  # fmt: skip
+                       for example in examples]
             predictions = [task.postprocess_fn(output, example=example, is_target=False)
-                           for output, example in zip(outputs, examples, strict=True)]  # fmt: skip
+                           for output, example in zip(outputs, examples, strict=True)]
             metrics: dict[str, Any] = {}
             for metric_fn in task.metric_fns:
                 metrics.update(metric_fn(targets, predictions))
@@ -118,11 +118,11 @@ def evaluator_for(
     ids: GenerationIds, batch_size: int, split: str = "validation",
     task_feature_lengths: Mapping[str, int] | None = None, max_examples: int | None = None, show_progress: bool = False,
     logits_chunk_size: int | None = None,
-) -> HeadEvaluator | InferenceEvaluator:  # fmt: skip
+) -> HeadEvaluator | InferenceEvaluator:
     """The evaluator of `api`'s model: a HeadEvaluator for a task head, else an InferenceEvaluator (scoring
     `logits_chunk_size` positions at a time if set)."""
     if api.family.head_predictions is not None:
         return HeadEvaluator(api, mixture_or_task_name, mesh, rules, batch_size, task_feature_lengths, split,
-                             max_examples)  # fmt: skip
+                             max_examples)
     return InferenceEvaluator(api, mixture_or_task_name, mesh, rules, decode_config, ids, batch_size, split,
-                              task_feature_lengths, max_examples, show_progress, logits_chunk_size)  # fmt: skip
+                              task_feature_lengths, max_examples, show_progress, logits_chunk_size)

@@ -134,7 +134,7 @@ def bleu(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]
     score = sacrebleu.corpus_bleu(
         list(predictions), [list(targets)], smooth_method="exp", lowercase=False, tokenize="intl",
         use_effective_order=False,
-    )  # fmt: skip
+    )
     return {"bleu": score.score}
 
 
@@ -246,7 +246,7 @@ def token_tagging(tag_names: Sequence[str]) -> Callable[[Sequence[Sequence[int]]
             gold, predicted = target[positions], np.asarray(prediction)[positions]
             if ((predicted < 0) | (predicted >= len(names))).any():
                 raise ValueError(f"predicted tag ids {sorted(set(predicted.tolist()))} must lie in 0..{len(names) - 1}"
-                                 " at every scored position")  # fmt: skip
+                                 " at every scored position")
             correct, scored = correct + int((gold == predicted).sum()), scored + len(positions)
             gold_spans = bio_spans([names[i] for i in gold])
             predicted_spans = bio_spans([names[i] for i in predicted])
@@ -256,6 +256,6 @@ def token_tagging(tag_names: Sequence[str]) -> Callable[[Sequence[Sequence[int]]
         recall = matched / num_gold if num_gold else 0.0
         f1 = 2 * precision * recall / (precision + recall) if matched else 0.0
         return {"token_accuracy": 100.0 * correct / max(scored, 1), "span_precision": 100.0 * precision,
-                "span_recall": 100.0 * recall, "span_f1": 100.0 * f1}  # fmt: skip
+                "span_recall": 100.0 * recall, "span_f1": 100.0 * f1}
 
     return metric

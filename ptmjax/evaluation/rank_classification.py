@@ -110,7 +110,7 @@ def rank_classification(
     vocabulary = task.output_features["targets"].vocabulary
     candidate_tokens = encode_candidates(vocabulary, candidates, task_feature_lengths["targets"])
     examples = list(task.get_dataset(dict(task_feature_lengths), split=split, shuffle=False, num_epochs=1, seed=0)
-                    .as_numpy_iterator())  # fmt: skip
+                    .as_numpy_iterator())
     if not examples:
         raise ValueError(f"the {split!r} split of {task_name!r} is empty")
     candidate_lists = [row[row != 0].tolist() for row in candidate_tokens]

@@ -22,7 +22,7 @@ Array = jax.Array
 def chunked_token_cross_entropy(
     logits_fn: Callable[[Array], Array], hidden: Array, targets: Array, chunk_size: int, z_loss: float = 0.0,
     label_smoothing: float = 0.0,
-) -> tuple[Array, Array, Array]:  # fmt: skip
+) -> tuple[Array, Array, Array]:
     """`token_cross_entropy(logits_fn(hidden), targets, ...)` and the argmax hits, chunk by chunk.
 
     Args:

@@ -55,12 +55,12 @@ ENTRIES: dict[tuple[type, str], Entry] = {
     (bart.Bart, "decoder_hidden_states"): Entry(
         "encoder_input_tokens", {"encoder_segment_ids": "first"}, None, lambda m: m.config.pad_token_id, False,
     ),
-}  # fmt: skip
+}
 
 STACKS: tuple[tuple[type, str], ...] = (
     (t5.Encoder, "__call__"), (t5.Decoder, "__call__"), (gpt2.GPT2, "hidden_states"),
     (encoder.PostLNEncoder, "encode"), (bart.BartStack, "__call__"),
-)  # fmt: skip
+)
 
 
 def entry_of(module: nn.Module, method: str) -> Entry | None:

@@ -86,7 +86,7 @@ class LossTerms(NamedTuple):
 def loss_terms(
     logits: Array, targets: Array, weights: Array, loss_config: LossConfig,
     batch_loss: Array | None = None, **extra_stats: tuple[Array, Array],
-) -> LossTerms:  # fmt: skip
+) -> LossTerms:
     """Token cross-entropy of logits [b, t, V] against targets [b, t] under weights [b, t],
     with an optional per-batch loss and further (sum, count) metrics.
     """
@@ -98,7 +98,7 @@ def loss_terms(
 def weighted_terms(
     loss: Array, z: Array, correct: Array, weights: Array, batch_loss: Array | None = None,
     **extra_stats: tuple[Array, Array],
-) -> LossTerms:  # fmt: skip
+) -> LossTerms:
     """Per-token loss, z-loss term and argmax hits [b, t] summed under weights [b, t] (see `loss_terms`)."""
     weights = weights.astype(jnp.float32)
     token_loss, tokens = jnp.sum(loss * weights), jnp.sum(weights)
@@ -107,7 +107,7 @@ def weighted_terms(
     stats = Stats.of(
         token_loss=(token_loss, tokens), z_loss=(jnp.sum(z * weights), tokens),
         accuracy=(jnp.sum(correct * weights), tokens), **extra_stats,
-    )  # fmt: skip
+    )
     return LossTerms(token_loss, jnp.zeros((), jnp.float32) if batch_loss is None else batch_loss, stats)
 
 
@@ -129,7 +129,7 @@ def chunked_sequence_to_sequence_loss(
     terms = chunked_token_cross_entropy(
         logits_fn, hidden, batch["decoder_target_tokens"], loss_config.logits_chunk_size, loss_config.z_loss,
         loss_config.label_smoothing,
-    )  # fmt: skip
+    )
     return weighted_terms(*terms, batch["decoder_loss_weights"])
 
 
@@ -152,7 +152,7 @@ def masked_lm_loss(outputs: Any, batch: Batch, loss_config: LossConfig) -> LossT
     return loss_terms(
         *mlm, batch_loss=jnp.sum(nll * rows) / jnp.maximum(num_rows, 1.0),
         sentence_loss=(jnp.sum(nll * rows), num_rows), sentence_accuracy=(right, num_rows),
-    )  # fmt: skip
+    )
 
 
 def permuted_lm_loss(logits: Array, batch: Batch, loss_config: LossConfig) -> LossTerms:
@@ -178,7 +178,7 @@ def replaced_token_detection_loss(outputs: Any, batch: Batch, loss_config: LossC
         batch_loss=loss_config.discriminator_weight * jnp.sum(bce * real) / jnp.maximum(num_real, 1.0),
         discriminator_loss=(jnp.sum(bce * real), num_real), discriminator_accuracy=(right, num_real),
         replaced_fraction=(jnp.sum(labels * real), num_real),
-    )  # fmt: skip
+    )
 
 
 def sequence_classification_loss(logits: Array, batch: Batch, loss_config: LossConfig) -> LossTerms:
@@ -217,4 +217,4 @@ def span_question_answering_loss(outputs: Any, batch: Batch, loss_config: LossCo
     return loss_terms(
         logits, targets, jnp.repeat(weights[:, None] / 2, 2, axis=1), loss_config,
         span_accuracy=(jnp.sum(both_right * weights), jnp.sum(weights)),
-    )  # fmt: skip
+    )

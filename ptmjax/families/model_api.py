@@ -70,7 +70,7 @@ class ModelApi:
         _, variables = self.module.apply(
             {"params": present}, **self._dummy_inputs(), rngs={"params": rng, **self.rngs(rng, train=False)},
             mutable=["params"],
-        )  # fmt: skip
+        )
         return nn.unbox(variables["params"])
 
     def _dummy_inputs(self) -> dict[str, Array]:
@@ -132,7 +132,7 @@ class ModelApi:
         outputs, variables = self.module.apply(
             {"params": params}, **self.model_inputs(batch), enable_dropout=train,
             rngs=self.rngs(dropout_rng, train), mutable=["losses"], method="hidden_states" if chunked else None,
-        )  # fmt: skip
+        )
         if chunked:
             logits_fn = functools.partial(self.module.apply, {"params": params}, method="logits")
             terms = losses.chunked_sequence_to_sequence_loss(logits_fn, outputs, batch, loss_config)
@@ -196,7 +196,7 @@ class ModelApi:
     def predict(
         self, params: Any, batch: Batch, config: decoding.DecodeConfig, ids: decoding.GenerationIds,
         rng: jax.Array | None = None,
-    ) -> decoding.DecodeOutput:  # fmt: skip
+    ) -> decoding.DecodeOutput:
         """Decodes `batch` with a key/value cache as `config` says (ptmjax/decoding); pure, so jit it
         with `config` and `ids` static. Encoder-decoders read 'encoder_input_tokens'; decoder-only
         models a prompt in 'decoder_input_tokens' (see decoding.prefill)."""

@@ -70,7 +70,7 @@ SEQUENCE_TO_SEQUENCE = Family(
     "decoder_target_tokens", "decoder_loss_weights", losses.sequence_to_sequence_loss,
     predict=functools.partial(decoding.predict, decoding.encoder_decoder_prefill),
     probed_stack=encoder_decoder_stack,
-)  # fmt: skip
+)
 T5_SEQUENCE_TO_SEQUENCE = dataclasses.replace(
     SEQUENCE_TO_SEQUENCE, cloze_logits=cloze_logits.t5_sentinel_logits, flops=t5_flops
 )
@@ -79,28 +79,28 @@ DECODER_ONLY = dataclasses.replace(
     SEQUENCE_TO_SEQUENCE, kind=Kind.DECODER_ONLY, converter=ConverterName(SEQIO, "DecoderFeatureConverter"),
     init_inputs=token_inputs("decoder_input_tokens"),
     predict=functools.partial(decoding.predict, decoding.decoder_only_prefill), probed_stack=decoder_only_stack,
-)  # fmt: skip
+)
 MASKED_LM = Family(
     Kind.ENCODER, ConverterName(PTMJAX_CONVERTERS, "MaskedLmFeatureConverter"), token_inputs("input_tokens"),
     ("target_tokens", "loss_mask"), "target_tokens", "loss_mask", losses.masked_lm_loss,
     target_logits=lambda outputs: outputs.mlm_logits, probed_stack=encoder_stack,
     cloze_logits=cloze_logits.masked_lm_logits,
-)  # fmt: skip
+)
 MASKED_LM_WITH_SENTENCE_PAIRS = dataclasses.replace(
     MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "SentencePairFeatureConverter"),
     target_fields=("target_tokens", "loss_mask", "sentence_label"),
-)  # fmt: skip
+)
 PERMUTED_LM = dataclasses.replace(
     MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "PermutedLmFeatureConverter"),
     init_inputs=token_inputs("input_tokens", "permutation_rank"), loss=losses.permuted_lm_loss,
     target_logits=lambda outputs: outputs, probed_stack=None, cloze_logits=None,
-)  # fmt: skip
+)
 # The module reads the original tokens and the MLM selection itself; its generator samples from 'sample'.
 REPLACED_TOKEN_DETECTION = dataclasses.replace(
     MASKED_LM, init_inputs=token_inputs("input_tokens", "target_tokens", "loss_mask"), target_fields=(),
     loss=losses.replaced_token_detection_loss, target_logits=lambda outputs: outputs.generator_logits,
     rng_streams=("sample",), probed_stack=None, cloze_logits=None, parts=electra_parts,
-)  # fmt: skip
+)
 # An encoder trained only inside another model (ELECTRA's discriminator): probed, converted, not trained alone.
 ENCODER_FEATURES = dataclasses.replace(
     MASKED_LM, target_fields=(), targets=None, loss=None, target_logits=lambda outputs: outputs, cloze_logits=None
@@ -112,21 +112,21 @@ SEQUENCE_CLASSIFICATION = Family(
     token_inputs("input_tokens"), ("label", "example_weight"), None, "example_weight",
     losses.sequence_classification_loss, task_head="SequenceClassification",
     head_predictions=head_predictions.class_ids, probed_stack=encoder_stack,
-)  # fmt: skip
+)
 SEQUENCE_REGRESSION = dataclasses.replace(
     SEQUENCE_CLASSIFICATION, converter=ConverterName(HEAD_CONVERTERS, "SequenceRegressionFeatureConverter"),
     loss=losses.sequence_regression_loss, head_predictions=head_predictions.values,
-)  # fmt: skip
+)
 TOKEN_TAGGING = dataclasses.replace(
     SEQUENCE_CLASSIFICATION, converter=ConverterName(HEAD_CONVERTERS, "TokenTaggingFeatureConverter"),
     target_fields=("tags", "tag_weights"), loss_weights="tag_weights", loss=losses.token_tagging_loss,
     task_head="TokenClassification",
-)  # fmt: skip
+)
 SPAN_QUESTION_ANSWERING = dataclasses.replace(
     SEQUENCE_CLASSIFICATION, converter=ConverterName(HEAD_CONVERTERS, "SpanQuestionAnsweringFeatureConverter"),
     target_fields=("answer_start", "answer_end", "example_weight"), loss=losses.span_question_answering_loss,
     task_head="QuestionAnswering", head_predictions=head_predictions.answer_spans,
-)  # fmt: skip
+)
 
 
 def sequence_head_family(num_labels: int) -> Family:
@@ -141,7 +141,7 @@ def decoder_sequence_head_family(module: GPT2ForSequenceClassification) -> Famil
     return dataclasses.replace(
         family, kind=Kind.DECODER_ONLY, converter=ConverterName(HEAD_CONVERTERS, name, module.pad_token_id),
         probed_stack=decoder_only_stack,
-    )  # fmt: skip
+    )
 
 
 # Looked up along the module's class hierarchy, the most specific class first.

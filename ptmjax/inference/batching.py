@@ -26,7 +26,7 @@ def round_up(size: int, multiple: int) -> int:
 def padded(rows: Mapping[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
     """`rows` (at most `batch_size`, at least one) filled up to `batch_size` with copies of the first."""
     return {name: np.concatenate([value, np.repeat(value[:1], batch_size - len(value), axis=0)])
-            for name, value in rows.items()}  # fmt: skip
+            for name, value in rows.items()}
 
 
 def fixed_batches(rows: Mapping[str, np.ndarray], batch_size: int) -> Iterator[tuple[dict[str, np.ndarray], int]]:

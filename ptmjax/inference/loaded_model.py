@@ -93,7 +93,7 @@ class LoadedModel:
     def generate(
         self, inputs: Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
         batch_size: int | None = None, **overrides: Any,
-    ) -> list[str] | list[list[str]]:  # fmt: skip
+    ) -> list[str] | list[list[str]]:
         """The generated text of each input: a string, or a list of num_decodes strings (best first) when
         num_decodes > 1. `inputs`: texts, or token id lists used as they are (special tokens included).
         `overrides`: DecodeConfig fields (method='beam', num_beams=4, ...); sampling draws from `seed`."""
@@ -106,7 +106,7 @@ class LoadedModel:
     def predict(
         self, inputs: Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
         batch_size: int | None = None, **overrides: Any,
-    ) -> list[Prediction]:  # fmt: skip
+    ) -> list[Prediction]:
         """`generate` with scores and token ids: one `Prediction` per input."""
         batches = self.iter_predict(inputs, config, seed=seed, batch_size=batch_size, **overrides)
         return [p for batch in batches for p in batch]
@@ -114,7 +114,7 @@ class LoadedModel:
     def iter_predict(
         self, inputs: Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
         batch_size: int | None = None, **overrides: Any,
-    ) -> Iterator[list[Prediction]]:  # fmt: skip
+    ) -> Iterator[list[Prediction]]:
         """`predict` one batch at a time (for progress bars). Every batch has the same shape: one compile."""
         config = self.decode_config(config, **overrides)
         texts, ids = self._encoded(inputs, "inputs", self.row_format.add_eos)
@@ -133,7 +133,7 @@ class LoadedModel:
                 batch_predictions.append(Prediction(
                     texts[start + row], tuple(self.vocabulary.decode(list(t)) for t in tokens),
                     tuple(float(s) for s in output.scores[row]), tokens,
-                ))  # fmt: skip
+                ))
             start += real
             yield batch_predictions
 
@@ -160,7 +160,7 @@ class LoadedModel:
 
     def _encoded(
         self, inputs: Inputs, name: str, add_eos: bool, bos: bool = True
-    ) -> tuple[list[str], list[list[int]]]:  # fmt: skip
+    ) -> tuple[list[str], list[list[int]]]:
         """(texts, token ids) of strings (encoded) or of token id lists (used as they are, decoded for the texts)."""
         if not isinstance(inputs, str) and len(inputs) and all(_is_ids(x) for x in inputs):
             ids = [[int(i) for i in x] for x in inputs]
@@ -193,7 +193,7 @@ class LoadedModel:
         if config not in self._predictors:
             self._predictors[config] = jit_predict(
                 self.api.predict, self.api.boxed_abstract_params, self.mesh, self.rules, config, self.generation_ids
-            )  # fmt: skip
+            )
         return self._predictors[config]
 
     def _jitted_score(self) -> Callable[..., jax.Array]:

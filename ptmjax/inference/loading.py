@@ -40,14 +40,14 @@ def load(
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path} is not a folder; pass a `ptmjax train` run, an imported model or a Hugging "
-                                "Face folder")  # fmt: skip
+                                "Face folder")
     mesh = partitioning.make_mesh(partitioning.MeshConfig(data=-1)) if mesh is None else mesh
     if os.path.isfile(os.path.join(path, CONFIG_FILE)):
         return _load_model_dir(ModelDir(path), step, mesh, batch_size)
     if os.path.isfile(os.path.join(path, HF_CONFIG)):
         if step is not None:
             raise ValueError(f"step={step} given for the Hugging Face folder {path}, which holds one set of weights; "
-                             "drop it")  # fmt: skip
+                             "drop it")
         return _load_hf_dir(path, mesh, batch_size)
     raise FileNotFoundError(
         f"{path} has neither a {CONFIG_FILE} (a ptmjax run or import) nor a {HF_CONFIG} (a Hugging Face folder); "
@@ -68,7 +68,7 @@ def _load_model_dir(folder: ModelDir, step: int | None, mesh: Mesh, batch_size: 
     source = f"{folder.path} (step {folder.checkpoint_step(step)})"
     if os.path.isfile(folder.generation_path):  # an import: text as its Hugging Face tokenizer encodes it
         return LoadedModel(model, params, vocabulary, ids, mesh, mesh_config.rules,
-                           _hf_row_format(model, ids, vocabulary), source, batch_size)  # fmt: skip
+                           _hf_row_format(model, ids, vocabulary), source, batch_size)
     bindings = gin_files.read_train_bindings(folder)
     task = bindings.get("mixture_or_task_name")
     task_name = getattr(task, "name", task)
@@ -76,9 +76,9 @@ def _load_model_dir(folder: ModelDir, step: int | None, mesh: Mesh, batch_size: 
     row_format = RowFormat(
         api.family, vocabulary.eos_id, add_eos=True if inputs is None else inputs.add_eos,
         decoder_start_id=ids.decoder_start_token_id or 0,
-    )  # fmt: skip
+    )
     return LoadedModel(model, params, vocabulary, ids, mesh, mesh_config.rules, row_format, source, batch_size,
-                       task_name, bindings.get("task_feature_lengths"))  # fmt: skip
+                       task_name, bindings.get("task_feature_lengths"))
 
 
 def _load_hf_dir(path: str, mesh: Mesh, batch_size: int) -> LoadedModel:
@@ -93,7 +93,7 @@ def _load_hf_dir(path: str, mesh: Mesh, batch_size: int) -> LoadedModel:
         shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, rules)
     params = jax.device_put(numpy_params, shardings)
     return LoadedModel(model, params, vocabulary, ids, mesh, rules, _hf_row_format(model, ids, vocabulary),
-                       f"{path} (Hugging Face)", batch_size)  # fmt: skip
+                       f"{path} (Hugging Face)", batch_size)
 
 
 def _hf_row_format(model: nn.Module, ids: GenerationIds, vocabulary: seqio.Vocabulary) -> RowFormat:

@@ -49,7 +49,7 @@ class RowFormat:
         """Rows [n, ...] of the prompts `inputs` (ids with their special tokens), each at most `length` ids."""
         if self.causal:
             return {"decoder_input_tokens": _right_padded(inputs, length),
-                    "decoder_segment_ids": _right_padded([[1] * len(x) for x in inputs], length)}  # fmt: skip
+                    "decoder_segment_ids": _right_padded([[1] * len(x) for x in inputs], length)}
         rows = self._converted(inputs, [[self.eos_id]] * len(inputs), length, 1)
         return {name: value for name, value in rows.items() if name in PREDICT_FIELDS}
 

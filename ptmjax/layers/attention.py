@@ -115,7 +115,7 @@ class MultiHeadAttention(nn.Module):
     def __call__(
         self, inputs_q: Array, inputs_kv: Array | None, mask: AttentionMask | Array | None = None,
         enable_dropout: bool = False, cache: CacheSlots | None = None,
-    ) -> Array:  # fmt: skip
+    ) -> Array:
         """inputs_q [b, q, embed], inputs_kv [b, k, embed] -> [b, q, embed], attending as `mask` says: an
         AttentionMask, or an additive bias alone, broadcastable to [b, heads, q, k]."""
         embed = inputs_q.shape[-1]
@@ -198,7 +198,7 @@ class MultiHeadAttention(nn.Module):
         if mask.unpacked:  # padding as sequence lengths, causality as a flag; the bias (T5's) as it is
             query_lengths, key_lengths = mask.sequence_lengths()
             structure = {"is_causal": mask.causal, "query_seq_lengths": query_lengths,
-                         "key_value_seq_lengths": key_lengths}  # fmt: skip
+                         "key_value_seq_lengths": key_lengths}
             bias = mask.bias
         else:
             bias = mask.dense_bias(self.dtype)

@@ -106,7 +106,7 @@ class AttentionMask:
         `unpacked` mask, whose padding is what follows that)."""
         ids = (self.query_segment_ids, self.key_segment_ids)
         return tuple(jnp.max(jnp.where(segments > 0, jnp.arange(1, segments.shape[1] + 1), 0), axis=1).astype(jnp.int32)
-                     for segments in ids)  # fmt: skip
+                     for segments in ids)
 
     def for_kernel(self, kernel: str, dtype: DType) -> AttentionMask:
         """The mask as `kernel` reads it: this one for 'pallas_tpu_flash' and 'blockwise', and for 'xla' and

@@ -74,7 +74,7 @@ class Dense(nn.Module):
             bias = self.param(
                 "bias", nn.with_logical_partitioning(nn.initializers.zeros, bias_axes), tuple(self.features),
                 self.param_dtype,
-            )  # fmt: skip
+            )
             out = out + jnp.asarray(bias, self.dtype)
         return out
 

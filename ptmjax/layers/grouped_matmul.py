@@ -54,7 +54,7 @@ def grouped_matmul(rows: Array, kernels: Array, group_sizes: Array, dot: Grouped
         lambda rows, kernels, sizes: dot(rows, kernels, _local_sizes(sizes, row_axes, rows.shape[0])),
         mesh=mesh, in_specs=(split, PartitionSpec(), PartitionSpec()), out_specs=split,
         check_vma=dot is not megablox_dot,  # megablox's pallas_call declares no varying mesh axes for its output
-    )(rows, kernels, group_sizes)  # fmt: skip
+    )(rows, kernels, group_sizes)
 
 
 def megablox_dot(rows: Array, kernels: Array, group_sizes: Array) -> Array:

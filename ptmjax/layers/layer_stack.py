@@ -160,7 +160,7 @@ class LayerPeriod(nn.Module):
 def apply_layers(
     layer: type[nn.Module], config: LayerStackConfig, num_layers: int, x: Array, *args: Array | None,
     enable_dropout: bool = False, repeats: int = 1, **fields: Any,
-) -> Array:  # fmt: skip
+) -> Array:
     """Applies a stack of `num_layers` layers `layer(config, **fields, **config.layer_fields(i))` to x.
 
     Each is called as `(x, *args, enable_dropout)`, `repeats` times in a row
@@ -191,7 +191,7 @@ def apply_layers(
     scanned = nn.scan(
         step, variable_axes={True: 0}, split_rngs={True: True}, in_axes=(nn.broadcast,) * len(args),
         length=num_layers // period, metadata_params={nn.PARTITION_NAME: SCANNED},
-    )  # fmt: skip
+    )
     return scanned(body, x, *args)[0]
 
 

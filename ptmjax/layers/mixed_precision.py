@@ -120,7 +120,7 @@ def _dot(spec: str, x: Array, y: Array, dtype: jnp.dtype) -> Array:
     product = jax.lax.dot_general(
         matrices(x, xs, batch, free_x, contract), matrices(y, ys, batch, contract, free_y),
         (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32,
-    )  # fmt: skip
+    )
     product = product.astype(dtype).reshape([size[i] for i in batch + free_x + free_y])
     return jnp.transpose(product, [(batch + free_x + free_y).index(i) for i in out])
 

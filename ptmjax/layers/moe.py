@@ -142,7 +142,7 @@ class MoeConfig(LayerStackConfig):
             self.num_experts, d_ff, activations, self.moe_top_k, self.moe_train_capacity_factor,
             self.moe_eval_capacity_factor, self.moe_load_balancing_loss_weight, self.moe_router_z_loss_weight,
             self.moe_jitter_noise, dropout_rate, self.moe_dropless, **module_kwargs,
-        )  # fmt: skip
+        )
 
 
 def expert_capacity(tokens_per_group: int, top_k: int, capacity_factor: float, num_experts: int) -> int:
@@ -240,7 +240,7 @@ class MoeBlock(nn.Module):
         kernel = self.param(
             "router", nn.with_logical_partitioning(init, ("embed", "router_expert")),
             (x.shape[-1], self.num_experts), self.param_dtype,
-        )  # fmt: skip
+        )
         return jnp.einsum("gsd,de->gse", x32, jnp.asarray(kernel, jnp.float32))
 
     def _expert_kernel(self, name: str, shape: tuple[int, int], axes: tuple[str, str]) -> Array:
@@ -294,7 +294,7 @@ class MoeBlock(nn.Module):
     def _experts(
         self, expert_in: Array, matmul: Callable[[Array, Array], Array], hidden_axes: tuple[str | None, ...] | None,
         enable_dropout: bool,
-    ) -> Array:  # fmt: skip
+    ) -> Array:
         """Each expert's feed-forward on its inputs [..., embed] -> [..., embed]; `matmul(inputs, kernel)`
         applies the [expert, in, out] kernels, `hidden_axes` constrains the hidden activations."""
         embed = expert_in.shape[-1]

@@ -71,7 +71,7 @@ def _forward(causal: bool, query: Array, key: Array, value: Array, ab: Array | N
 def _backward(
     causal: bool, query: Array, key: Array, value: Array, ab: Array | None, segment_ids: SegmentIds | None,
     out: Array, sums: Array, maxes: Array, d_out: Array,
-):  # fmt: skip
+):
     """The kernel's backward pass: gradients of query, key, value and ab (None without ab)."""
     residuals = (query, key, value, ab, segment_ids, out, sums, maxes)
     return tpu_flash._flash_attention_bwd(False, causal, 1.0, _blocks(query, key), False, residuals, d_out)[:4]

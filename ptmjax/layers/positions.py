@@ -47,4 +47,4 @@ def position_embedder(
     return Embed(
         max_length, features, axes=("position", "embed"), dtype=dtype, param_dtype=param_dtype,
         embedding_init=nn.initializers.normal(stddev=init_stddev), name=name,
-    )  # fmt: skip
+    )

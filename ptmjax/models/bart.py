@@ -96,7 +96,7 @@ class BartConfig(ModelConfig):
         check_positive_ints(
             self, "vocab_size", "d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff",
             "max_length",
-        )  # fmt: skip
+        )
         check_heads_divide(self)
         check_activation(self)
         self.check_model_config("attention_dropout_rate", "activation_dropout_rate")
@@ -158,7 +158,7 @@ class BartLayer(nn.Module):
             return MultiHeadAttention(
                 c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
                 cross_attention=cross_attention, attention_kernel=c.attention_kernel, name=name, **dtype_kwargs(c),
-            )  # fmt: skip
+            )
 
         self_name = "self_attention" if self.decoder else "attention"
         x = residual(x, self_name, lambda h: attention(self_name)(h, h, self_mask, enable_dropout, cache))
@@ -202,7 +202,7 @@ class BartStack(nn.Module):
         x = apply_layers(
             BartLayer, c, num_layers, x, self_mask, encoded, cross_mask, cache, enable_dropout=enable_dropout,
             decoder=self.decoder,
-        )  # fmt: skip
+        )
         if c.pre_layer_norm:
             stack = "decoder" if self.decoder else "encoder"
             x = LayerNorm(c.layer_norm_epsilon, name=f"{stack}_norm", **dtype_kwargs(c))(x)
@@ -228,7 +228,7 @@ class Bart(EncoderDecoderInterface):
         self.final_logits_bias = self.param(
             "final_logits_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (c.vocab_size,),
             dtype_kwargs(c)["param_dtype"],
-        )  # fmt: skip
+        )
 
     def encode(
         self,
@@ -242,7 +242,7 @@ class Bart(EncoderDecoderInterface):
         check_token_inputs(
             "encoder_input_tokens", tokens, encoder_segment_ids=encoder_segment_ids,
             encoder_positions=encoder_positions,
-        )  # fmt: skip
+        )
         check_length(tokens.shape[1], c.max_length, "Bart encoder")
         positions = sequential_positions(tokens) if encoder_positions is None else encoder_positions
         mask = encoder_attention_mask(tokens, encoder_segment_ids, c.pad_token_id)
@@ -268,7 +268,7 @@ class Bart(EncoderDecoderInterface):
         check_token_inputs(
             "decoder_input_tokens", tokens, decoder_segment_ids=decoder_segment_ids,
             decoder_positions=decoder_positions,
-        )  # fmt: skip
+        )
         check_length(tokens.shape[1] if cache is None else cache.length, c.max_length, "Bart decoder")
         if cache is None:
             positions = sequential_positions(tokens) if decoder_positions is None else decoder_positions
@@ -277,7 +277,7 @@ class Bart(EncoderDecoderInterface):
             positions = cache.query_slots(tokens.shape[1])[None]
             self_mask = AttentionMask(mask_to_bias(cache.causal_mask(tokens.shape[1]), c.compute_dtype))
         cross = cross_attention_mask(tokens, encoder_input_tokens, decoder_segment_ids, encoder_segment_ids,
-                                     c.pad_token_id)  # fmt: skip
+                                     c.pad_token_id)
         self_mask, cross = (mask.for_kernel(c.attention_kernel, c.compute_dtype) for mask in (self_mask, cross))
         return self.decoder(tokens, positions, self_mask, encoded, cross, enable_dropout, cache)
 

@@ -42,7 +42,7 @@ Array = jax.Array
 SHARED_EMBEDDING_FIELDS = (
     "vocab_size", "embed_dim", "max_length", "type_vocab_size", "pad_token_id", "positions_after_padding",
     "dropout_rate", "layer_norm_epsilon", "dtype", "param_dtype",
-)  # fmt: skip
+)
 
 
 @gin.configurable
@@ -128,7 +128,7 @@ class ElectraPretrainingConfig(LayerStacks):
         return dataclasses.replace(
             self, generator=self.generator.with_scan_layers(scan_layers),
             discriminator=self.discriminator.with_scan_layers(scan_layers),
-        )  # fmt: skip
+        )
 
 
 @flax.struct.dataclass

@@ -193,7 +193,7 @@ class PostLNLayer(nn.Module):
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
             attention_kernel=c.attention_kernel, name="attention", **dtype_kwargs(c),
-        )(x, x, mask, enable_dropout)  # fmt: skip
+        )(x, x, mask, enable_dropout)
         x = LayerNorm(c.layer_norm_epsilon, name="attention_layer_norm", **dtype_kwargs(c))(
             x + drop(h, deterministic=not enable_dropout)
         )
@@ -245,7 +245,7 @@ class PostLNEncoder(nn.Module):
         return apply_layers(
             PostLNLayer, c, c.layer_groups, x, mask, enable_dropout=enable_dropout,
             repeats=c.num_layers // c.layer_groups,
-        )  # fmt: skip
+        )
 
 
 class MaskedLMEncoder(PostLNEncoder):

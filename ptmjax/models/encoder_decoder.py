@@ -43,7 +43,7 @@ class EncoderDecoderInterface(nn.Module):
         return self.logits(self.hidden_states(
             encoder_input_tokens, decoder_input_tokens, encoder_segment_ids, decoder_segment_ids,
             encoder_positions, decoder_positions, enable_dropout,
-        ))  # fmt: skip
+        ))
 
     def hidden_states(
         self,
@@ -60,7 +60,7 @@ class EncoderDecoderInterface(nn.Module):
         return self.decoder_hidden_states(
             encoded, encoder_input_tokens, decoder_input_tokens,
             encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout,
-        )  # fmt: skip
+        )
 
     def decode(
         self,
@@ -78,4 +78,4 @@ class EncoderDecoderInterface(nn.Module):
         return self.logits(self.decoder_hidden_states(
             encoded, encoder_input_tokens, decoder_input_tokens,
             encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout, cache,
-        ))  # fmt: skip
+        ))

@@ -45,7 +45,7 @@ class MlmHead(nn.Module):
         bias = self.param(
             "bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (self.vocab_size,),
             self.param_dtype,
-        )  # fmt: skip
+        )
         logits = attend(h) + jnp.asarray(bias, self.dtype)
         return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES)
 

@@ -48,7 +48,7 @@ def t5_forward_flops(config: T5Config, batch: int, inputs_length: int, targets_l
         attention(targets_length, targets_length) + attention(targets_length, inputs_length)
         + feed_forward_flops(config, i) * targets_length
         for i in range(config.num_decoder_layers)
-    )  # fmt: skip
+    )
     logits = 2 * config.d_model * config.vocab_size * targets_length
     return float(batch * (encoder + decoder + logits))
 
@@ -61,7 +61,7 @@ def t5_training_flops(config: T5Config, batch: int, inputs_length: int, targets_
 def gpt2_forward_flops(config: GPT2Config, batch: int, length: int) -> float:
     """FLOPs of one forward pass over a [batch, length] batch (logits against the tied embedding)."""
     layers = sum(attention_flops(config, length, length) + feed_forward_flops(config, i) * length
-                 for i in range(config.num_layers))  # fmt: skip
+                 for i in range(config.num_layers))
     return float(batch * (layers + 2 * config.d_model * config.vocab_size * length))
 
 

@@ -94,7 +94,7 @@ class GPT2Block(nn.Module):
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
             attention_kernel=c.attention_kernel, name="attention", **dtype_kwargs(c),
-        )(h, h, mask, enable_dropout, cache)  # fmt: skip
+        )(h, h, mask, enable_dropout, cache)
         x = x + drop(h, deterministic=not enable_dropout)
         h = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
         if self.use_moe:
@@ -149,7 +149,7 @@ class GPT2(nn.Module):
         slot_fields = {"decoder_segment_ids": decoder_segment_ids, "decoder_causal_attention": decoder_causal_attention}
         check_token_inputs(
             "decoder_input_tokens", tokens, decoder_positions=decoder_positions, **({} if cache else slot_fields)
-        )  # fmt: skip
+        )
         batch, length = tokens.shape
         check_length(length if cache is None else cache.length, self.config.max_length, "GPT2")
         positions = sequential_positions(tokens) if decoder_positions is None else decoder_positions
@@ -161,7 +161,7 @@ class GPT2(nn.Module):
             dense = (
                 prefix_lm_self_mask(length, decoder_causal_attention, decoder_segment_ids, batch) if cache is None
                 else cached_self_mask(cache, length, decoder_segment_ids, decoder_causal_attention)
-            )  # fmt: skip
+            )
             mask = AttentionMask(mask_to_bias(dense, x.dtype))
         mask = mask.for_kernel(self.config.attention_kernel, x.dtype)
         x = apply_layers(GPT2Block, self.config, self.config.num_layers, x, mask, cache, enable_dropout=enable_dropout)
@@ -180,7 +180,7 @@ class GPT2(nn.Module):
         x = self.hidden_states(
             decoder_input_tokens, decoder_segment_ids, decoder_positions, decoder_causal_attention, enable_dropout,
             cache,
-        )  # fmt: skip
+        )
         return self.logits(x)
 
     def logits(self, hidden_states: Array) -> Array:

@@ -55,7 +55,7 @@ class TwoStreamBlock(nn.Module):
         attention = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
             attention_kernel=c.attention_kernel, name="attention", **dtype_kwargs(c),
-        )  # fmt: skip
+        )
         mlp_norm = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))
         mlp = MlpBlock(c.d_ff, (c.activation,), 0.0, use_bias=True, name="mlp", **dtype_kwargs(c))
         keys = attention_norm(content)  # both streams read the content stream
@@ -87,7 +87,7 @@ class PermutationLM(nn.Module):
             name: value for name, value in
             (("num_experts", c.num_experts), ("remat_policy", c.remat_policy), ("scan_layers", c.scan_layers))
             if value not in (0, "none", False)
-        }  # fmt: skip
+        }
         if unsupported:
             raise ValueError(
                 f"PermutationLM does not support GPT2Config {unsupported}; its two-stream layers are dense, "
@@ -100,7 +100,7 @@ class PermutationLM(nn.Module):
         self.query_embedding = self.param(
             "query_embedding", nn.with_logical_partitioning(nn.initializers.normal(EMBED_INIT_STDDEV), ("embed",)),
             (c.d_model,), dtype_kwargs(c)["param_dtype"],
-        )  # fmt: skip
+        )
         self.layers = [TwoStreamBlock(c) for _ in range(c.num_layers)]
         self.decoder_norm = LayerNorm(c.layer_norm_epsilon, **dtype_kwargs(c))
         self.dropout = nn.Dropout(c.dropout_rate)

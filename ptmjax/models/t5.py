@@ -69,7 +69,7 @@ class T5Config(MoeConfig, ModelConfig):
         check_positive_ints(
             self, "vocab_size", "d_model", "num_heads", "head_dim", "d_ff", "num_encoder_layers",
             "num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance",
-        )  # fmt: skip
+        )
         if self.relative_attention_num_buckets < 4:
             raise ValueError(
                 f"T5Config.relative_attention_num_buckets={self.relative_attention_num_buckets} is too small; "
@@ -129,7 +129,7 @@ class DecoderLayer(nn.Module):
     def __call__(
         self, x: Array, encoded: Array | None, self_mask: AttentionMask, cross_mask: AttentionMask,
         cache: CacheSlots | None = None, enable_dropout: bool = False,
-    ) -> Array:  # fmt: skip
+    ) -> Array:
         """x [b, t, embed], encoded [b, s, embed], self_mask of [b, h, t, t], cross_mask of [b, h, t, s].
 
         Decoding (`cache`): self_mask covers the cache slots [.., t, cache.length]; encoded is None
@@ -140,7 +140,7 @@ class DecoderLayer(nn.Module):
         attn = dict(
             num_heads=c.num_heads, head_dim=c.head_dim, dropout_rate=c.dropout_rate,
             attention_kernel=c.attention_kernel, **dtype_kwargs(c),
-        )  # fmt: skip
+        )
         h = RMSNorm(c.layer_norm_epsilon, name="pre_self_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(name="self_attention", **attn)(h, h, self_mask, enable_dropout, cache)
         x = x + drop(h, deterministic=not enable_dropout)
@@ -169,7 +169,7 @@ def _embed_with_position_bias(
     bias = RelativePositionBias(
         c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
         bidirectional=bidirectional, name="relpos_bias", **dtype_kwargs(c),
-    )(query_positions, key_positions)  # fmt: skip
+    )(query_positions, key_positions)
     return x, bias
 
 
@@ -283,7 +283,7 @@ class EncoderDecoder(EncoderDecoderInterface):
         check_token_inputs(
             "encoder_input_tokens", encoder_input_tokens,
             encoder_segment_ids=encoder_segment_ids, encoder_positions=encoder_positions,
-        )  # fmt: skip
+        )
         return self.encoder(encoder_input_tokens, encoder_segment_ids, encoder_positions, enable_dropout)
 
     def decoder_hidden_states(
@@ -301,11 +301,11 @@ class EncoderDecoder(EncoderDecoderInterface):
         check_token_inputs(
             "decoder_input_tokens", decoder_input_tokens,
             decoder_segment_ids=decoder_segment_ids, decoder_positions=decoder_positions,
-        )  # fmt: skip
+        )
         return self.decoder(
             encoded, encoder_input_tokens, decoder_input_tokens,
             encoder_segment_ids, decoder_segment_ids, decoder_positions, enable_dropout, cache,
-        )  # fmt: skip
+        )
 
     def logits(self, hidden_states: Array) -> Array:
         """The decoder's final hidden states [b, t, embed] -> logits float32 [b, t, vocab]."""

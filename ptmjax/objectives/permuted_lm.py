@@ -32,7 +32,7 @@ def permutation_rank(size: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
 
 @seqio.map_over_dataset(num_seeds=1)
 def _permute(features: Mapping[str, tf.Tensor], seed: tf.Tensor, *, append_eos: bool,
-             predict_fraction: float) -> dict[str, tf.Tensor]:  # fmt: skip
+             predict_fraction: float) -> dict[str, tf.Tensor]:
     tokens = features["targets"]
     if append_eos:
         tokens = tf.concat([tokens, tf.constant([common.EOS_ID], tokens.dtype)], axis=0)

@@ -248,7 +248,7 @@ def compile_train_step(spec: RunSpec, topology: Topology) -> CompiledStep:
         batch_shapes={name: x.shape for name, x in batch.items()}, hbm_per_device=topology.hbm_per_device,
         memory=memory, compiler_error=error, xla_flops_per_device=flops, model_flops=model_flops(spec),
         lower_seconds=lowered_at - start, compile_seconds=compiled_at - lowered_at,
-    )  # fmt: skip
+    )
     return CompiledStep(report, compiled, state, batch, rng)
 
 

@@ -32,7 +32,7 @@ def evaluate_model_dir(
     model_dir: str, task: str, decode_config: DecodeConfig, *, split: str = "validation", step: int | None = None,
     batch_size: int = 32, max_examples: int | None = None, output: str | None = None, overwrite: bool = False,
     show_progress: bool = True,
-) -> EvalReport:  # fmt: skip
+) -> EvalReport:
     """Evaluates checkpoint `step` (default: the newest) of `model_dir` on `task` and writes the results."""
     import jax
 
@@ -59,7 +59,7 @@ def evaluate_model_dir(
         api, task, mesh, mesh_config.rules, decode_config, ids, batch_size, split=split,
         task_feature_lengths=lengths, max_examples=max_examples, show_progress=show_progress,
         logits_chunk_size=None if loss_config is None else loss_config.logits_chunk_size,
-    )  # fmt: skip
+    )
     with jax.set_mesh(mesh):
         shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, mesh_config.rules)
     params = folder.read_params(api.abstract_params, shardings, step)
@@ -68,7 +68,7 @@ def evaluate_model_dir(
         "model_dir": folder.path, "step": step, "task": task, "split": split, "max_examples": max_examples,
         "num_examples": evaluator.num_examples(), "decode_config": dataclasses.asdict(decode_config),
         "metrics": results,
-    }  # fmt: skip
+    }
     results_io.write_json(path, payload, overwrite=overwrite)
     results_io.write_tensorboard(folder.path, step, results)
     return EvalReport(path, step, results)
@@ -84,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     report = evaluate_model_dir(
         args.model_dir, args.task, decode_config(args), split=args.split, step=args.step,
         batch_size=args.batch_size, max_examples=args.max_examples, output=args.output, overwrite=args.overwrite,
-    )  # fmt: skip
+    )
     table = Table("task", "metric", "value", title=f"{args.model_dir} step {report.step}, {args.split} split")
     for task, values in report.results.items():
         for name, value in values.items():

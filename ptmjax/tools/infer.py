@@ -56,7 +56,7 @@ def read_lines(input_file: str) -> list[Example]:
 
 
 def task_examples(model: LoadedModel, task_name: str, split: str, max_examples: int | None,
-                  lengths: dict[str, int] | None) -> list[Example]:  # fmt: skip
+                  lengths: dict[str, int] | None) -> list[Example]:
     """The examples of a registered seqio task's split, unshuffled: their ids, and texts decoded from them."""
     from ptmjax.data import pipeline
 
@@ -74,7 +74,7 @@ def task_examples(model: LoadedModel, task_name: str, split: str, max_examples: 
         Example(vocabulary.decode(e["inputs"].tolist()), tuple(e["inputs"].tolist()),
                 vocabulary.decode(e["targets"].tolist()))
         for e in dataset.as_numpy_iterator()
-    ]  # fmt: skip
+    ]
     if not examples:
         raise ValueError(f"the {split!r} split of {task_name!r} has no examples")
     return examples
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     elapsed = time.perf_counter() - start
     print(f"Decoded {done} examples ({config.method}, max_decode_length={config.max_decode_length}) in "
-          f"{elapsed:.1f} s: {done / elapsed:.1f} examples/s, {tokens / elapsed:.0f} tokens/s")  # fmt: skip
+          f"{elapsed:.1f} s: {done / elapsed:.1f} examples/s, {tokens / elapsed:.0f} tokens/s")
     print(f"  mean score: {sum(scores) / len(scores):.4f}")
     print(f"  predictions: {os.path.abspath(path)}")
     return 0

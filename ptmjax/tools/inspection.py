@@ -241,7 +241,7 @@ def inspect_layout(abstract_params: Any, logical_axes: Any, mesh: Mesh | Abstrac
     Optimizer-state leaves of their parameter's shape follow its sharding,
     the rest are replicated, as `partitioning.optimizer_state_shardings` does.
     """
-    partitioning.validate_rules(rules)
+    partitioning.validate_rules(rules, mesh.axis_names)
     names = _logical_by_path(abstract_params, logical_axes)
     rows, mirrors = [], _mirror_table(abstract_params, names, opt_state_mirrors)
     leaves = leaves_by_path(abstract_params) + [(f"{OPT_STATE}/{p}", v) for p, v in leaves_by_path(abstract_opt_state)]
@@ -276,11 +276,13 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
     step = folder.checkpoint_step(step)
     model, mesh_config = gin_files.read_model_config(folder)
     if mesh_axes is not None:
-        unknown = set(mesh_axes) - set(partitioning.MESH_AXES)
+        known = mesh_config.axis_names
+        unknown = set(mesh_axes) - set(known)
         if unknown:
-            raise ValueError(f"unknown mesh axes {sorted(unknown)}; known: {', '.join(partitioning.MESH_AXES)}")
-        sizes = {axis: int(mesh_axes.get(axis, 1)) for axis in partitioning.MESH_AXES}
-        mesh_config = dataclasses.replace(mesh_config, **sizes)
+            raise ValueError(f"unknown mesh axes {sorted(unknown)}; known: {', '.join(known)}")
+        sizes = {axis: int(mesh_axes.get(axis, 1)) for axis in known}
+        mesh_config = (dataclasses.replace(mesh_config, **sizes) if mesh_config.axes is None
+                       else dataclasses.replace(mesh_config, axes=tuple(sizes.items())))
     if rules is not None:
         mesh_config = dataclasses.replace(mesh_config, rules=tuple(rules))
 
@@ -293,7 +295,7 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
         params = subtree(params, shapes_by_path(api.abstract_params).keys() & shapes_by_path(params).keys())
     _check_same_shapes(api.abstract_params, params, folder.path)
     if num_devices is None:
-        sizes = [getattr(mesh_config, a) for a in partitioning.MESH_AXES]
+        sizes = list(mesh_config.requested_sizes().values())
         saved_mesh = saved_mesh_shape(on_disk)  # a -1 axis fills as many devices as the run saved from
         if -1 not in sizes:
             num_devices = math.prod(sizes)

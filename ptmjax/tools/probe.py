@@ -40,7 +40,7 @@ def run_layer_probes(reader: LayerReader, text_rows: TextRows, args: argparse.Na
     summary = {"task": args.task, "majority_class_accuracy": chance}
     linear_probe.write_table(rows, summary, *(os.path.join(args.out, f"layer_probe.{ext}") for ext in ("json", "csv")))
     plots.plot_probe_accuracy([r.layer for r in rows], [r.accuracy for r in rows], chance,
-                              os.path.join(args.out, "layer_probe.png"))  # fmt: skip
+                              os.path.join(args.out, "layer_probe.png"))
     print(f"Linear probes on {args.task} (train -> validation; majority class {chance:.2f}%):")
     print(linear_probe.format_table(rows))
 
@@ -60,7 +60,7 @@ def run_attention(reader: LayerReader, text_rows: TextRows, args: argparse.Names
     np.savez(os.path.join(args.out, "attention_statistics.npz"), **means)
     with open(os.path.join(args.out, "attention_statistics.json"), "w") as f:
         json.dump({"examples": len(rows), "queries": statistics.queries, "special_ids": special_ids.tolist(),
-                   **{name: values.tolist() for name, values in means.items()}}, f, indent=2)  # fmt: skip
+                   **{name: values.tolist() for name, values in means.items()}}, f, indent=2)
     plots.plot_attention_statistics(means, os.path.join(args.out, "attention_statistics.png"))
     attention, tokens, valid = (np.concatenate(parts)[: args.attention_maps] for parts in zip(*maps, strict=True))
     np.savez(os.path.join(args.out, "attention_maps.npz"), attention=attention, tokens=tokens, valid=valid)
@@ -68,7 +68,7 @@ def run_attention(reader: LayerReader, text_rows: TextRows, args: argparse.Names
     labels = [text_rows.vocabulary.decode([int(i)]) or f"<{int(i)}>" for i in tokens[0, :n]]
     plots.plot_attention_maps(attention[0][:, :, :n, :n], labels, os.path.join(args.out, "attention_example.png"))
     print(f"Attention statistics over {statistics.queries} queries of {len(rows)} validation texts "
-          "(mean over heads, by layer):")  # fmt: skip
+          "(mean over heads, by layer):")
     print("layer  " + "  ".join(f"{name:>17s}" for name in means))
     for layer in range(next(iter(means.values())).shape[0]):
         print(f"{layer + 1:5d}  " + "  ".join(f"{values[layer].mean():17.4f}" for values in means.values()))
@@ -88,12 +88,12 @@ def run_cloze(model: FrozenModel, pad_id: int, text_rows: TextRows, args: argpar
         "precision_at_10": cloze_probe.precision_at_k(logits, clozes.answers, 10),
         "clozes": [{"before": " ".join(c.before), "after": " ".join(c.after), "answer": c.answer, "prediction": p}
                    for c, p in zip(clozes.clozes, predictions, strict=True)],
-    }  # fmt: skip
+    }
     with open(os.path.join(args.out, "cloze.json"), "w") as f:
         json.dump(result, f, indent=2)
     print(f"Cloze probing: {len(clozes.rows)} of {clozes.total} {args.cloze_split} questions have a single-token "
           f"answer (and fit {length} ids); P@1 {100 * result['precision_at_1']:.2f}%, "
-          f"P@10 {100 * result['precision_at_10']:.2f}%")  # fmt: skip
+          f"P@10 {100 * result['precision_at_10']:.2f}%")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     reader, text_rows = LayerReader(model.module, model.params), TextRows.of(model.module, model.vocabulary)
     length = sequence_length(model, args.max_length)
     print(f"Probing {type(model.module).__name__} of {model.source}: {reader.num_layers} layers, rows of at most "
-          f"{length} ids")  # fmt: skip
+          f"{length} ids")
     run_layer_probes(reader, text_rows, args, length)
     run_attention(reader, text_rows, args, length)
     run_cloze(model, reader.stack.pad_id, text_rows, args, length)

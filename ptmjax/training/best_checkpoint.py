@@ -43,7 +43,7 @@ class BestCheckpoint:
     def __init__(
         self, model_dir: str, metric: str, mode: str, config: str, read_only: bool = False,
         base: tuple[ModelDir, int] | None = None,
-    ):  # fmt: skip
+    ):
         if mode not in MODES:
             raise ValueError(f"train.best_checkpoint_mode={mode!r} is unknown; use 'max' or 'min'")
         self.folder = ModelDir(os.path.join(model_dir, BEST_DIR))

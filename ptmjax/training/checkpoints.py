@@ -74,7 +74,7 @@ class Checkpointer:
             "preservation_policy": ocp.checkpoint_managers.AnyPreservationPolicy(
                 [ocp.checkpoint_managers.LatestN(max_to_keep), self._kept]
             )
-        }  # fmt: skip
+        }
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(

@@ -82,7 +82,7 @@ def _check_shared(folder: ModelDir, api: ModelApi, saved: dict, wanted: dict, sh
             "new parts changed (e.g. a head with another name or number of labels)"
         )
     partial_layers = [p for p in sorted(saved.keys() - wanted.keys())
-                      if (layer := LAYER.match(p)) and any(s.startswith(layer.group(0)) for s in shared)]  # fmt: skip
+                      if (layer := LAYER.match(p)) and any(s.startswith(layer.group(0)) for s in shared)]
     if partial_layers:
         raise ValueError(
             f"the checkpoint in {folder.checkpoints_path} has layer parameters that {name}'s layers lack: "

@@ -68,7 +68,7 @@ class MetricsLog:
                         f"{self.jsonl_path} line {number} is not JSON ({error}); fix or delete that line"
                     ) from None
                 warnings.warn(f"skipped the torn last line {number} of {self.jsonl_path} (a crash mid-write)",
-                              stacklevel=2)  # fmt: skip
+                              stacklevel=2)
         return [r for r in records if up_to_step is None or r["step"] <= up_to_step]
 
     def truncate_after(self, step: int) -> None:

@@ -69,7 +69,7 @@ class PreparedRun:
         trainer, part = self.trainer, self.part
         if checkpointer.latest_step() is not None:
             saved, data_state = restore_newest_intact(checkpointer, part.of(trainer.abstract_state),
-                                                      part.of(trainer.state_shardings))  # fmt: skip
+                                                      part.of(trainer.state_shardings))
             state = part.complete(saved, trainer)
             print(f"Resumed from step {int(state.step)} in {checkpointer.directory}")
             return state, data_state
@@ -79,14 +79,14 @@ class PreparedRun:
         if part.base is not None and primary:
             self.folder.write_base(*part.base)
             print(f"Checkpoints hold the {len(part.paths)} trained parameter arrays; the rest are read from "
-                  f"{part.base[0].path} (step {part.base[1]}), recorded in {self.folder.base_path}")  # fmt: skip
+                  f"{part.base[0].path} (step {part.base[1]}), recorded in {self.folder.base_path}")
         return state, {"batches_consumed": 0}
 
     def dataset(self, split: str, **kwargs: Any):
         """This host's batches of `split` (see `run_dataset`); kwargs go to `pipeline.get_dataset`."""
         return run_dataset(self.task, split, self.spec.task_feature_lengths, self.spec.batch_size,
                            self.trainer.api.family.feature_converter, seed=self.seed, pack=self.spec.pack,
-                           **kwargs)  # fmt: skip
+                           **kwargs)
 
     def evaluators(self, tasks: Sequence[str], decode_config: DecodeConfig | None, max_examples: int | None):
         """An evaluator (decoding, scoring or a task head's) of each of `tasks`, in batches of the run's size."""
@@ -96,7 +96,7 @@ class PreparedRun:
                           self.generation_ids(name), spec.batch_size, task_feature_lengths=spec.task_feature_lengths,
                           max_examples=max_examples, logits_chunk_size=spec.loss_config.logits_chunk_size)
             for name in tasks
-        ]  # fmt: skip
+        ]
 
     def generation_ids(self, task: str) -> GenerationIds:
         """The init checkpoint's generation.json (an import's), else the ids of `task`'s targets vocabulary."""
@@ -118,7 +118,7 @@ class PreparedRun:
                 f"evaluated tasks: {', '.join(evaluated_tasks)}"
             )
         return BestCheckpoint(self.folder.path, metric, mode, gin.operative_config_str(), read_only=not primary,
-                              base=self.part.base)  # fmt: skip
+                              base=self.part.base)
 
 
 def prepare_run(
@@ -144,14 +144,14 @@ def prepare_run(
 def run_dataset(
     mixture_or_task_name: str, split: str, task_feature_lengths: Mapping[str, int], batch_size: int,
     feature_converter: type[seqio.FeatureConverter], *, seed: int, pack: bool, **kwargs: Any,
-):  # fmt: skip
+):
     """This host's shard of a split, batched to its share of the global `batch_size`: what `train` reads
     (with `shuffle=True` for 'train'; `benchmarks/input_pipeline.py` times it). kwargs go to `pipeline.get_dataset`."""
     return pipeline.get_dataset(
         mixture_or_task_name, split, task_feature_lengths, batch_size // jax.process_count(),
         seed=seed, pack=pack, shard_index=jax.process_index(), num_shards=jax.process_count(),
         feature_converter=feature_converter, **kwargs,
-    )  # fmt: skip
+    )
 
 
 def _keep_import_tokenizer(source: ModelDir, run: ModelDir, mixture_or_task_name: str) -> None:

@@ -191,7 +191,7 @@ def train(
         # initialises the state and builds the pipelines; not for a run whose newest checkpoint already ends it.
         latest = checkpointer.latest_step()
         compiling = (trainer.start_compiling_train_step(spec.abstract_batch(trainer.batch_sharding), dropout_rng)
-                     if latest is None or latest < num_steps else None)  # fmt: skip
+                     if latest is None or latest < num_steps else None)
         primary = multihost.is_primary()
         log = MetricsLog(model_dir, read_only=not primary)
         if primary:
@@ -203,7 +203,7 @@ def train(
         evaluators = run.evaluators(inference_eval_tasks, decode_config, inference_eval_examples)
         best = (None if best_checkpoint_metric is None else
                 run.best_checkpoint(best_checkpoint_metric, best_checkpoint_mode,
-                                    [t for e in evaluators for t in e.task_names], primary))  # fmt: skip
+                                    [t for e in evaluators for t in e.task_names], primary))
         train_iter = pipeline.ResumableIterator(
             lambda: run.dataset("train", shuffle=True), batches_consumed=data_state["batches_consumed"]
         )
@@ -259,7 +259,7 @@ def run_spec_from_gin() -> RunSpec:
 def _check_arguments(
     *, eval_batches: int | None, prefetch_batches: int, best_checkpoint_metric: str | None,
     inference_eval_tasks: Sequence[str], **positive: int,
-) -> None:  # fmt: skip
+) -> None:
     """One-line errors for bad run arguments, before anything is built."""
     counted = {**positive, **({} if eval_batches is None else {"eval_batches": eval_batches})}
     bad = [f"train.{name}={value}" for name, value in counted.items() if value < 1]

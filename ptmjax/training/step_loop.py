@@ -21,7 +21,7 @@ def run_steps(
     trainer: Trainer, state: TrainState, batches: Iterator[dict[str, Any]], rng: jax.Array, start: int,
     num_steps: int, callbacks: Sequence[Callback], bar: tqdm, clock: StepClock, startup: StartupClock,
     primary: bool = True, compiling: Future[None] | None = None,
-) -> tuple[TrainState, bool]:  # fmt: skip
+) -> tuple[TrainState, bool]:
     """Runs steps `start + 1` through `num_steps` (or until a callback stops the run); returns the last
     state and whether a callback stopped it. `compiling`: the train step's compile in its own thread (waited
     for, and its error raised, before the first step). The first step's time (its compile) is printed with

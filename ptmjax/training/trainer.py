@@ -41,7 +41,7 @@ class Trainer:
         num_microbatches: int = 1, trainable: Sequence[str] | None = None,
         extra_state: Sequence[ExtraState] = (),
     ):
-        partitioning.validate_rules(rules)
+        partitioning.validate_rules(rules, mesh.axis_names)
         self.model, self.tx, self.mesh, self.rules = model, tx, mesh, rules
         self.api = api = model_api(model)
         self.replicated = NamedSharding(mesh, PartitionSpec())
@@ -59,7 +59,7 @@ class Trainer:
         opt_shardings = partitioning.optimizer_state_shardings(
             tx, abstract_opt_state, *(self.trainable.masked(tree, plain.abstract_params)
                                       for tree in (plain.abstract_params, plain_shardings)), mesh,
-        )  # fmt: skip
+        )
         if api.scanning:
             self.tx = tx = optimizers.on_unscanned_layout(tx, api.scanning)
         selection = self.trainable.selection(plain.abstract_params, api.scanning)
@@ -135,7 +135,7 @@ class Trainer:
         """The parameters: `present` (some of them, laid out as the trainer's) and the rest initialised around
         them (`ModelApi.init_around`), created directly in their sharded layout."""
         init = jax.jit(self.api.init_around, out_shardings=self.state_shardings.params,
-                       compiler_options=self._run_once_options)  # fmt: skip
+                       compiler_options=self._run_once_options)
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             return init(rng, present)
 
@@ -158,7 +158,7 @@ class Trainer:
     def sharded_abstract_state(self) -> TrainState:
         """The state as ShapeDtypeStructs with its shardings: what `lower_train_step` takes in place of arrays."""
         return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-                            self.abstract_state, self.state_shardings)  # fmt: skip
+                            self.abstract_state, self.state_shardings)
 
     def compile_train_step(self, batch: Mapping[str, jax.ShapeDtypeStruct], rng: jax.Array) -> None:
         """Compiles the train step (or loads it from JAX's persistent compilation cache) for the state and

@@ -19,11 +19,11 @@ VOCAB = 64
 T5_TINY = T5Config(
     vocab_size=VOCAB, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=2, num_decoder_layers=2,
     ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0,
-)  # fmt: skip
+)
 GPT2_TINY = GPT2Config(
     vocab_size=VOCAB, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=32, dropout_rate=0.0,
     attention_dropout_rate=0.0,
-)  # fmt: skip
+)
 BASE_MODELS = {"t5": EncoderDecoder(T5_TINY), "gpt2": GPT2(GPT2_TINY)}
 
 
@@ -36,12 +36,12 @@ def batch(name: str, rows: int = 2, length: int = 6, seed: int = 0) -> dict[str,
         return {
             "encoder_input_tokens": tokens(), "decoder_input_tokens": jnp.pad(targets[:, :-1], ((0, 0), (1, 0))),
             "decoder_target_tokens": targets, "decoder_loss_weights": jnp.ones_like(targets),
-        }  # fmt: skip
+        }
     targets = tokens()
     return {
         "decoder_input_tokens": jnp.pad(targets[:, :-1], ((0, 0), (1, 0))), "decoder_target_tokens": targets,
         "decoder_loss_weights": jnp.ones_like(targets),
-    }  # fmt: skip
+    }
 
 
 def with_random_lora(params: dict, seed: int = 1, scale: float = 0.3) -> dict:

@@ -20,11 +20,11 @@ from ptmjax.tree_paths import path_name
 BERT_TINY = Bert(BertConfig(
     vocab_size=VOCAB, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=32, dropout_rate=0.0,
     attention_dropout_rate=0.0,
-))  # fmt: skip
+))
 BART_TINY = Bart(BartConfig(
     vocab_size=VOCAB, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64, max_length=32,
     dropout_rate=0.0,
-))  # fmt: skip
+))
 MODELS = {**BASE_MODELS, "bert": BERT_TINY, "bart": BART_TINY}
 ENCODER_DECODERS = ("t5", "bart")
 

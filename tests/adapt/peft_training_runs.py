@@ -51,7 +51,7 @@ def train(method: str, mesh_config: MeshConfig | None = None, steps: int = STEPS
     mesh_config = mesh_config or MeshConfig()
     mesh = partitioning.make_mesh(mesh_config, jax.devices()[:1] if single_device else None)
     run = Trainer(model, optax.adam(LR), lambda _: LR, mesh, mesh_config.rules, LossConfig(z_loss=0.0),
-                  trainable=[pattern])  # fmt: skip
+                  trainable=[pattern])
     state = run.init_state(jax.random.key(0))
     initial = jax.device_get(state.params)
     rows = partitioning.global_batch(task_batch(name), mesh)

@@ -34,7 +34,7 @@ def test_the_feed_forward_adapter_is_h_plus_up_act_down_h_in_float64():
     params = redrawn(init_params(model), ADAPTER_PARAMS)
     capture = lambda module, _: module.scope.path in (("layers_1", "mlp"), ("layers_1", "mlp", "wo"))  # noqa: E731
     _, seen = model.apply({"params": params}, **model_api(model).model_inputs(batch("gpt2")),
-                          capture_intermediates=capture)  # fmt: skip
+                          capture_intermediates=capture)
     mlp = seen["intermediates"]["layers_1"]["mlp"]
     h = np.asarray(mlp["wo"]["__call__"][0], np.float64)  # the block's output before its adapter
     p = {k: np.asarray(v, np.float64) for k, v in params["layers_1"]["mlp"].items() if k.startswith("adapter")}
@@ -49,7 +49,7 @@ def test_the_feed_forward_adapter_is_h_plus_up_act_down_h_in_float64():
     ("houlsby", {"encoder/layers_0/attention", "encoder/layers_0/mlp", "decoder/layers_0/self_attention",
                  "decoder/layers_0/mlp"}),
     ("pfeiffer", {"encoder/layers_0/mlp", "decoder/layers_0/mlp"}),
-])  # fmt: skip
+])
 def test_the_placements_adapt_self_attention_and_feed_forward_or_feed_forward_alone(placement, modules):
     shapes = shapes_by_path(model_api(adapters(MODELS["t5"], placement, bottleneck=4)).abstract_params)
     adapted = {path.rsplit("/", 1)[0] for path in shapes if re.search(ADAPTER_PARAMS, path)}
@@ -73,7 +73,7 @@ def test_scanned_layers_compute_what_unscanned_ones_do():
     ({"placement": "after"}, "placement='after' is unknown"),
     ({"bottleneck": 0}, "AdapterSettings.bottleneck must be a positive int, got 0"),
     ({"activation": "tanh"}, "activation='tanh' is unknown"),
-])  # fmt: skip
+])
 def test_bad_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         adapters(MODELS["gpt2"], **kwargs)

@@ -28,7 +28,7 @@ CLOZES = [
     Cloze(("a", "dog"), ("on", "the", "mat"), "sat"),
 ]
 BERT = BertConfig(vocab_size=len(WORDS), d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16,
-                  nsp_head=False, dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+                  nsp_head=False, dropout_rate=0.0, attention_dropout_rate=0.0)
 
 
 @pytest.fixture
@@ -94,10 +94,10 @@ def test_t5_ranks_the_token_after_the_sentinel_as_transformers_does():
     rows = [(5, 6, sentinel, 7, 1), (sentinel, 9, 10, 11, 1), (12, sentinel, 1)]
     clozes = ClozeSet((), tuple(rows), (2, 0, 1), (3, 4, 5), 3)
     ours = ClozeRanker(EncoderDecoder(config), hf_t5.hf_to_params(hf.state_dict(), config)["params"], sentinel,
-                       0).logits(clozes, batch_size=2)  # fmt: skip
+                       0).logits(clozes, batch_size=2)
     with torch.no_grad():
         reference = np.stack([hf(input_ids=torch.tensor([row]), decoder_input_ids=torch.tensor([[0, sentinel]]))
-                              .logits[0, 1].numpy() for row in rows])  # fmt: skip
+                              .logits[0, 1].numpy() for row in rows])
     print(f"t5 cloze: max |logit diff| {np.abs(ours - reference).max():.1e}")
     np.testing.assert_allclose(ours, reference, atol=1e-4)
     np.testing.assert_array_equal(ours.argmax(-1), reference.argmax(-1))

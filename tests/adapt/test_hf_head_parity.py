@@ -34,14 +34,14 @@ from ptmjax.convert import checkpoint, hf, hf_task_heads  # noqa: E402
 
 NO_DROPOUT = {"dropout_rate": 0.0, "attention_dropout_rate": 0.0}
 BERT = BertConfig(vocab_size=99, d_model=24, num_heads=3, num_layers=2, d_ff=40, max_length=20, nsp_head=False,
-                  **NO_DROPOUT)  # fmt: skip
+                  **NO_DROPOUT)
 ENCODERS = {
     "bert": BERT,
     "roberta": dataclasses.replace(BERT, pad_token_id=1, positions_after_padding=True, max_length=22),
     "albert": AlbertConfig(vocab_size=99, embedding_size=16, d_model=24, num_heads=3, num_layers=2, d_ff=40,
-                           max_length=20, sop_head=False, **NO_DROPOUT),  # fmt: skip
+                           max_length=20, sop_head=False, **NO_DROPOUT),
     "electra": ElectraConfig(vocab_size=99, embedding_size=16, d_model=24, num_heads=3, num_layers=2, d_ff=40,
-                             max_length=20, **NO_DROPOUT),  # fmt: skip
+                             max_length=20, **NO_DROPOUT),
 }
 GPT2 = GPT2Config(vocab_size=99, d_model=24, num_heads=3, num_layers=2, d_ff=40, max_length=20, **NO_DROPOUT)
 MODELS = {
@@ -52,7 +52,7 @@ MODELS = {
     "bert_regression": EncoderForSequenceClassification(BERT, num_labels=1),
     "gpt2_sequence": GPT2ForSequenceClassification(GPT2, num_labels=3, pad_token_id=7),
     "gpt2_regression": GPT2ForSequenceClassification(GPT2, num_labels=1, pad_token_id=0),
-}  # fmt: skip
+}
 LENGTHS = (16, 11, 4)  # real tokens per row of the padded batch
 
 

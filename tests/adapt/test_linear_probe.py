@@ -20,7 +20,7 @@ from ptmjax.adapt.probing.linear_probe import (
 from ptmjax.models import Bert, BertConfig
 
 CONFIG = BertConfig(vocab_size=64, d_model=32, num_heads=2, num_layers=2, d_ff=64, max_length=16, nsp_head=False,
-                    dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+                    dropout_rate=0.0, attention_dropout_rate=0.0)
 
 
 def tiny_bert_reader():

@@ -58,7 +58,7 @@ def test_the_update_of_one_projection_is_scale_x_a_b_in_float64():
     params = with_random_lora(init_params(model))
     inputs = model_api(model).model_inputs(batch("gpt2"))
     capture = lambda module, _: module.scope.path in (("layers_0", "attention", "query"),  # noqa: E731
-                                                      ("layers_0", "pre_attention_layer_norm"))  # fmt: skip
+                                                      ("layers_0", "pre_attention_layer_norm"))
     _, lora_seen = model.apply({"params": params}, **inputs, capture_intermediates=capture)
     _, base_seen = BASE_MODELS["gpt2"].apply({"params": without_lora(params)}, **inputs, capture_intermediates=capture)
     layer, query = lora_seen["intermediates"]["layers_0"], params["layers_0"]["attention"]["query"]
@@ -66,7 +66,7 @@ def test_the_update_of_one_projection_is_scale_x_a_b_in_float64():
     a, b = (np.asarray(query[k], np.float64) for k in ("lora_a", "lora_b"))  # [embed, r], [r, heads, head_dim]
     expected = (ALPHA / RANK) * np.einsum("bte,er,rhd->bthd", x, a, b)
     update = layer["attention"]["query"]["__call__"][0] - base_seen["intermediates"]["layers_0"]["attention"]["query"][
-        "__call__"][0]  # fmt: skip
+        "__call__"][0]
     assert np.abs(expected).max() > 1.0
     np.testing.assert_allclose(np.asarray(update, np.float64), expected, rtol=1e-5, atol=1e-5)
 
@@ -98,9 +98,9 @@ def test_gradients_reach_the_lora_parameters_as_the_chain_rule_through_the_merge
             # atol: float32 gradients of entries up to about 0.5; an entry that cancels to 2e-3 keeps their
             # absolute error (2.1e-6 on a 2-core Intel Xeon), not a 1e-4 relative one.
             np.testing.assert_allclose(got["lora_a"], (ALPHA / RANK) * np.einsum("ehd,rhd->er", g_w, b), rtol=1e-4,
-                                       atol=1e-5)  # fmt: skip
+                                       atol=1e-5)
             np.testing.assert_allclose(got["lora_b"], (ALPHA / RANK) * np.einsum("er,ehd->rhd", a, g_w), rtol=1e-4,
-                                       atol=1e-5)  # fmt: skip
+                                       atol=1e-5)
 
 
 def test_scanned_rematerialised_lora_equals_unscanned_and_merges_to_the_scanned_merge():
@@ -112,11 +112,11 @@ def test_scanned_rematerialised_lora_equals_unscanned_and_merges_to_the_scanned_
     params = with_random_lora(init_params(plain))
     scanned_params = layer_stack.scan(params, scanned.config)
     np.testing.assert_allclose(outputs(scanned, scanned_params, "gpt2"), outputs(plain, params, "gpt2"), rtol=1e-5,
-                               atol=1e-5)  # fmt: skip
+                               atol=1e-5)
     jax.tree.map(
         lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6),
         merge_lora(scanned_params, scanned), layer_stack.scan(merge_lora(params, plain), scanned.config),
-    )  # fmt: skip
+    )
 
 
 def test_lora_dropout_applies_only_with_enable_dropout():
@@ -144,11 +144,11 @@ def test_targets_choose_the_adapted_projections_and_a_regex_matching_nothing_is_
         f"{stack}/layers_{i}/{attention}/{projection}/lora_{ab}" for i, ab in pairs for projection in ("query", "value")
         for stack, attention in [("encoder", "attention"), ("decoder", "self_attention"),
                                  ("decoder", "encoder_decoder_attention")]
-    }  # fmt: skip
+    }
     bert = Bert(BertConfig(
         vocab_size=64, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=16, type_vocab_size=2,
         dropout_rate=0.0, attention_dropout_rate=0.0,
-    ))  # fmt: skip
+    ))
     bert_paths = {f"layers_{i}/attention/{p}/lora_{ab}" for i, ab in pairs for p in ("query", "value")}
     assert lora_paths(lora(bert)) == bert_paths
     mlp_only = lora(BASE_MODELS["gpt2"], RANK, ALPHA, targets=r".*mlp/wi")
@@ -184,7 +184,7 @@ def test_lora_is_configured_with_gin():
             "lora.targets = '.*attention/value'",
             *(f"GPT2Config.{f.name} = {getattr(GPT2_TINY, f.name)!r}" for f in dataclasses.fields(GPT2_TINY)
               if f.name in ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_length")),
-        ])  # fmt: skip
+        ])
         model = gin.get_configurable("ptmjax.adapt.lora")()
     finally:
         gin.clear_config()

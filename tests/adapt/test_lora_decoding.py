@@ -19,7 +19,7 @@ PROMPTS = np.array([[5, 6, 7, 8], [9, 10, 0, 0], [11, 0, 0, 0]], np.int32)  # ri
 
 def greedy(model, params, batch):
     return jax.jit(model_api(model).predict, static_argnums=(2, 3))(params, batch, DecodeConfig(max_decode_length=8),
-                                                                   IDS)  # fmt: skip
+                                                                   IDS)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "t5"])

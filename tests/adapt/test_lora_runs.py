@@ -19,7 +19,7 @@ from ptmjax.tree_paths import shapes_by_path
 
 SHORT = ["train.task_feature_lengths = {'inputs': 32, 'targets': 8}", "train.batch_size = 8", "train.num_steps = 2",
          "train.eval_every = 2", "train.eval_batches = 1", "train.checkpoint_every = 2", "train.show_progress = False",
-         "rsqrt_with_warmup.warmup_steps = 1"]  # fmt: skip
+         "rsqrt_with_warmup.warmup_steps = 1"]
 
 
 def train(run_file: str, model_dir, *bindings: str) -> None:
@@ -38,7 +38,7 @@ def lora_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     train("runs/demo.gin", root / "demo")
     train("runs/lora_demo.gin", root / "lora", f"train.init_checkpoint = '{root / 'demo'}'",
-          "train.inference_eval_examples = 8", "rsqrt_with_warmup.peak_learning_rate = 0.05")  # fmt: skip
+          "train.inference_eval_examples = 8", "rsqrt_with_warmup.peak_learning_rate = 0.05")
     return root
 
 
@@ -65,7 +65,7 @@ def test_the_merged_export_gives_the_lora_models_logits(lora_run):
     hf_model = transformers.T5ForConditionalGeneration.from_pretrained(lora_run / "hf").eval()
     with torch.no_grad():
         got = hf_model(input_ids=torch.tensor(inputs, dtype=torch.long),
-                       decoder_input_ids=torch.tensor(decoder_inputs, dtype=torch.long)).logits.numpy()  # fmt: skip
+                       decoder_input_ids=torch.tensor(decoder_inputs, dtype=torch.long)).logits.numpy()
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
 
 

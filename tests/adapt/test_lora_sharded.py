@@ -55,7 +55,7 @@ def test_sharded_lora_equals_one_device(name):
     with jax.set_mesh(mesh):
         sharded_params = jax.jit(under_rules(lambda k: nn.unbox(api.init(k))), out_shardings=shardings)(
             jax.random.key(0)
-        )  # fmt: skip
+        )
     jax.tree.map(np.testing.assert_array_equal, sharded_params, single_params)
     query = (sharded_params["encoder"] if name == "t5" else sharded_params)["layers_0"]["attention"]["query"]
     assert query["lora_a"].sharding.spec == PartitionSpec("fsdp", None)
@@ -67,7 +67,7 @@ def test_sharded_lora_equals_one_device(name):
     step = jax.jit(
         under_rules(lambda p, r: loss_and_grads(api, p, r)),
         in_shardings=(shardings, partitioning.batch_sharding(mesh)), out_shardings=(replicated, shardings),
-    )  # fmt: skip
+    )
     with jax.set_mesh(mesh):
         loss, grads = step(jax.device_put(params, shardings), rows)
     assert len(loss.sharding.device_set) == 8

@@ -18,5 +18,5 @@ def test_training_only_the_methods_parameters_lowers_the_loss(method):
     assert losses[-1] < 0.9 * losses[0] and all(np.diff(losses[:5]) < 0), losses
     pattern = METHODS[method][2]
     moved = {path for (path, a), (_, b) in zip(leaves_by_path(initial), leaves_by_path(final), strict=True)
-             if not np.array_equal(a, b)}  # fmt: skip
+             if not np.array_equal(a, b)}
     assert moved and all(re.search(pattern, path) for path in moved), sorted(moved)

@@ -14,7 +14,7 @@ SLOW = pytest.mark.slow
 @pytest.mark.parametrize(
     "method",  # prefix tuning's per-layer keys and values by default; the others' parameters with -m slow
     [pytest.param(m, marks=SLOW) if m != "prefix" else m for m in ("prompt", "prefix", "houlsby", "p_tuning")],
-)  # fmt: skip
+)
 def test_a_sharded_step_equals_one_devices(method):
     _, single, single_losses = train(method, steps=2)
     _, sharded, sharded_losses = train(method, SHARDED, steps=2)

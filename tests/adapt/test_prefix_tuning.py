@@ -27,7 +27,7 @@ def keys_and_values(model, params, tokens) -> jax.Array:
     attention = [seen["intermediates"][f"layers_{i}"]["attention"] for i in range(model.config.num_layers)]
     return jnp.stack([
         jnp.stack([layer[k]["__call__"][0][0].transpose(1, 0, 2) for k in ("key", "value")]) for layer in attention
-    ])  # fmt: skip
+    ])
 
 
 def test_prefixes_of_a_real_texts_keys_and_values_compute_gpt2_on_that_text_prepended():
@@ -49,7 +49,7 @@ def test_the_mlp_computes_the_prefixes_in_float64_and_folding_it_keeps_the_outpu
     folded = fold_prefixes(params, model)
     for stack in ("encoder", "decoder"):
         p = {k.removeprefix("prefix_"): np.asarray(v, np.float64) for k, v in params[stack].items()
-             if k.startswith("prefix_")}  # fmt: skip
+             if k.startswith("prefix_")}
         hidden = np.tanh(p["embedding"] @ p["wi"] + p["wi_bias"])  # [n, 8]
         want = np.einsum("nm,mlchd->lchnd", hidden, p["wo"]) + p["wo_bias"][:, :, :, None]
         assert want.shape == (2, 2, 4, 3, 8)  # [layers, key/value, heads, n, head_dim]
@@ -57,7 +57,7 @@ def test_the_mlp_computes_the_prefixes_in_float64_and_folding_it_keeps_the_outpu
     unfolded = outputs(model, params, "t5")
     assert np.abs(unfolded - outputs(MODELS["t5"], without(params, PREFIX_PARAMS), "t5")).max() > 0.1
     np.testing.assert_allclose(outputs(prefix_tuning(MODELS["t5"], 3, None), folded, "t5"), unfolded, rtol=1e-5,
-                               atol=1e-5)  # fmt: skip
+                               atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["t5", "bart"])

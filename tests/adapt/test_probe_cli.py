@@ -18,7 +18,7 @@ from ptmjax.model_dir import ModelDir
 from ptmjax.models import Bert, BertConfig
 
 CONFIG = BertConfig(vocab_size=2100, d_model=32, num_heads=2, num_layers=2, d_ff=64, max_length=40, nsp_head=False,
-                    dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+                    dropout_rate=0.0, attention_dropout_rate=0.0)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -50,7 +50,7 @@ def test_probe_writes_tables_arrays_and_plots(tmp_path, capsys):
     write_bert_folder(tmp_path / "bert")
     out = tmp_path / "probe"
     args = ["probe", "--model_dir", str(tmp_path / "bert"), "--out", str(out), "--max_length", "32",
-            "--attention_examples", "20", "--attention_maps", "3"]  # fmt: skip
+            "--attention_examples", "20", "--attention_maps", "3"]
     assert cli.main(args) == 0
     printed = capsys.readouterr().out
     print(printed)

@@ -63,6 +63,6 @@ def test_plots_are_pngs(tmp_path):
     stats = {name: rng.random((3, 4)) for name in ("entropy", "max_weight")}
     maps = rng.dirichlet(np.ones(6), size=(3, 4, 6))
     for path in (plot_attention_statistics(stats, str(tmp_path / "s.png")),
-                 plot_attention_maps(maps, [f"t{i}" for i in range(6)], str(tmp_path / "m.png"))):  # fmt: skip
+                 plot_attention_maps(maps, [f"t{i}" for i in range(6)], str(tmp_path / "m.png"))):
         with open(path, "rb") as f:
             assert f.read(8) == PNG_SIGNATURE

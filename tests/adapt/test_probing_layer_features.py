@@ -21,9 +21,9 @@ from ptmjax.convert import hf_bert, hf_gpt2  # noqa: E402
 BERT = BertConfig(
     vocab_size=101, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=24, nsp_head=False,
     dropout_rate=0.0, attention_dropout_rate=0.0,
-)  # fmt: skip
+)
 GPT = GPT2Config(vocab_size=101, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=24,
-                 dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+                 dropout_rate=0.0, attention_dropout_rate=0.0)
 ROWS = [list(range(5, 21)), list(range(30, 41)), [7, 8, 9, 10]]
 
 
@@ -44,7 +44,7 @@ def hf_model(converter, config):
     hf_config._attn_implementation = "eager"  # the probabilities are returned only by eager attention
     torch.manual_seed(0)
     return perturbed(getattr(transformers, converter.hf_class_name(config) if converter is hf_bert
-                             else "GPT2LMHeadModel")(hf_config))  # fmt: skip
+                             else "GPT2LMHeadModel")(hf_config))
 
 
 def max_diff_on_valid(ours, reference, valid):
@@ -58,14 +58,14 @@ def test_bert_hidden_states_and_attention_match_transformers():
     outputs = reader(tokens)
     with torch.no_grad():
         ref = model(torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(valid.astype(np.int64)),
-                    output_hidden_states=True, output_attentions=True)  # fmt: skip
+                    output_hidden_states=True, output_attentions=True)
     hidden_ref = np.stack([h.numpy() for h in ref.hidden_states])  # [3, b, s, d]
     attention_ref = np.stack([a.numpy() for a in ref.attentions])  # [2, b, h, q, k]
     assert outputs.hidden.shape == hidden_ref.shape and outputs.attention.shape == attention_ref.shape
     hidden_diff = max(float(np.abs(outputs.hidden[:, b][:, valid[b]] - hidden_ref[:, b][:, valid[b]]).max())
-                      for b in range(len(ROWS)))  # fmt: skip
+                      for b in range(len(ROWS)))
     attention_diff = max(float(np.abs(outputs.attention[:, b][..., valid[b], :] - attention_ref[:, b][..., valid[b], :])
-                               .max()) for b in range(len(ROWS)))  # fmt: skip
+                               .max()) for b in range(len(ROWS)))
     print(f"bert: max |hidden diff| {hidden_diff:.1e}, max |attention diff| {attention_diff:.1e}")
     assert hidden_diff < 1e-4 and attention_diff < 1e-5
     np.testing.assert_allclose(outputs.attention.sum(-1), 1.0, atol=1e-5)
@@ -79,14 +79,14 @@ def test_gpt2_hidden_states_and_attention_match_transformers():
     outputs = reader(tokens)
     with torch.no_grad():
         ref = model(torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(valid.astype(np.int64)),
-                    output_hidden_states=True, output_attentions=True)  # fmt: skip
+                    output_hidden_states=True, output_attentions=True)
     hidden_ref = np.stack([h.numpy() for h in ref.hidden_states])
     attention_ref = np.stack([a.numpy() for a in ref.attentions])
     hidden_diff = max(float(np.abs(outputs.hidden[:, b][:, valid[b]] - hidden_ref[:, b][:, valid[b]]).max())
-                      for b in range(len(ROWS)))  # fmt: skip
+                      for b in range(len(ROWS)))
     real = [(b, n) for b, n in enumerate(valid.sum(1))]
     attention_diff = max(float(np.abs(outputs.attention[:, b, :, :n, :n] - attention_ref[:, b, :, :n, :n]).max())
-                         for b, n in real)  # fmt: skip
+                         for b, n in real)
     print(f"gpt2: max |hidden diff| {hidden_diff:.1e}, max |attention diff| {attention_diff:.1e}")
     assert hidden_diff < 1e-4 and attention_diff < 1e-5
 
@@ -99,7 +99,7 @@ def random_params(module, *inputs):
 def test_scanned_and_rematerialised_models_read_as_their_plain_twins(family):
     if family == "albert_shared_layers":
         config = AlbertConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=4, d_ff=32, max_length=16,
-                              embedding_size=8, num_layer_groups=2, dropout_rate=0.0)  # fmt: skip
+                              embedding_size=8, num_layer_groups=2, dropout_rate=0.0)
         plain, inputs = Albert(config), (jnp.ones((1, 4), jnp.int32),)
     else:
         config = T5Config(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_encoder_layers=2,

@@ -55,7 +55,7 @@ def test_p_tuning_is_prompt_tuning_with_the_prompt_encoders_output_in_float64():
     tuned = p_tuning(MODELS["t5"], length=3, hidden=8)
     params = redrawn(init_params(tuned), r"prompt_encoder_\w+_bias$")  # non-zero biases too
     p = {k.removeprefix("prompt_encoder_"): np.asarray(v, np.float64) for k, v in params["encoder"].items()
-         if k.startswith("prompt_encoder_")}  # fmt: skip
+         if k.startswith("prompt_encoder_")}
     assert p["embedding"].shape == (3, 32) and p["wi"].shape == (32, 8) and p["wo"].shape == (8, 32)
     prompt = np.maximum(p["embedding"] @ p["wi"] + p["wi_bias"], 0) @ p["wo"] + p["wo_bias"]
     plain = without(params, PROMPT_PARAMS)
@@ -99,7 +99,7 @@ def test_cached_decoding_of_a_prompt_tuned_gpt2_refuses_scanned_layers_and_too_l
     (lambda m: prompt_tuning(m, init="zeros"), "prompt_tuning init='zeros' is unknown"),
     (lambda m: p_tuning(m, hidden=0), "PTuningSettings.hidden must be a positive int, got 0"),
     (lambda m: prompt_tuning(prompt_tuning(m)), "already has prompt tuning"),
-])  # fmt: skip
+])
 def test_bad_settings_are_refused(make, message):
     with pytest.raises(ValueError, match=message):
         make(MODELS["gpt2"])

@@ -19,9 +19,9 @@ from ptmjax.training.trainer import Trainer
 VOCAB = vocabularies.stdlib_sentencepiece_vocabulary()
 PROMPT = ClozePrompt("{text} It is about {mask} .", ("json", "os"))
 BERT = Bert(BertConfig(vocab_size=VOCAB.vocab_size, d_model=32, num_heads=2, num_layers=2, d_ff=64, max_length=32,
-                       nsp_head=False, dropout_rate=0.0, attention_dropout_rate=0.0))  # fmt: skip
+                       nsp_head=False, dropout_rate=0.0, attention_dropout_rate=0.0))
 EXAMPLES = [("Encode a Python object as a string of text.", 0), ("Return the current working directory.", 1),
-            ("Decode a document into a Python object.", 0), ("Remove a file from the file system.", 1)]  # fmt: skip
+            ("Decode a document into a Python object.", 0), ("Remove a file from the file system.", 1)]
 
 
 def test_cloze_prompt_cuts_the_text_and_keeps_the_template():
@@ -75,11 +75,11 @@ def test_few_shot_prompt_text():
 def test_few_shot_scores_are_causal_log_likelihoods_of_the_labels():
     """Against log p(label tokens, EOS | prompt) summed from one causal forward pass over prompt + label."""
     gpt2 = GPT2(GPT2Config(vocab_size=VOCAB.vocab_size, d_model=32, num_heads=2, num_layers=2, d_ff=64,
-                           max_length=128, dropout_rate=0.0, attention_dropout_rate=0.0))  # fmt: skip
+                           max_length=128, dropout_rate=0.0, attention_dropout_rate=0.0))
     params = nn.unbox(model_api(gpt2).init(jax.random.key(0)))
     labels = ["json", "os"]
     accuracy, scores = few_shot_accuracy(gpt2, params, VOCAB, EXAMPLES[:2], EXAMPLES[2:], labels, k=2,
-                                         task_feature_lengths={"inputs": 96, "targets": 4}, seed=1)  # fmt: skip
+                                         task_feature_lengths={"inputs": 96, "targets": 4}, seed=1)
     demonstrations = [(text, labels[label]) for text, label in draw_demonstrations(EXAMPLES[:2], 2, seed=1)]
     for i, (text, _) in enumerate(EXAMPLES[2:]):
         prompt = VOCAB.encode(few_shot_prompt(demonstrations, text))
@@ -98,7 +98,7 @@ def test_a_registered_cloze_task_gives_the_cloze_rows_to_the_masked_lm_pipeline(
     register_cloze_task("ptmjax_test_cloze", PROMPT, VOCAB, {"train": EXAMPLES, "validation": EXAMPLES[:2]}, length=24)
     batch = next(pipeline.get_dataset("ptmjax_test_cloze", "train", {"inputs": 24, "targets": 24}, 4, seed=0,
                                       shuffle=False, pack=False, num_epochs=1,
-                                      feature_converter=MaskedLmFeatureConverter).as_numpy_iterator())  # fmt: skip
+                                      feature_converter=MaskedLmFeatureConverter).as_numpy_iterator())
     want = cloze_rows(PROMPT, VOCAB, EXAMPLES, length=24)
     assert sorted(batch) == sorted(want)
     for name, value in want.items():

@@ -55,7 +55,7 @@ def test_masked_mean_equals_numpy():
 
 def test_mix_and_classifier_train_on_a_frozen_model():
     config = BertConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16, nsp_head=False,
-                        dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+                        dropout_rate=0.0, attention_dropout_rate=0.0)
     model = Bert(config)
     params = jax.jit(model.init)(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
     frozen = jax.tree.map(np.array, params)

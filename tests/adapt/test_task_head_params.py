@@ -33,7 +33,7 @@ CASES = {
                        {"classifier"}, {"discriminator_head"}),
     "bert_span": (EncoderForQuestionAnswering(BERT), Bert(BERT), {"qa_outputs"}, {"mlm_head", "pair_head"}),
     "gpt2_sequence": (GPT2ForSequenceClassification(GPT2_CONFIG, num_labels=2), GPT2(GPT2_CONFIG), {"score"}, set()),
-}  # fmt: skip
+}
 
 
 def shapes_by_path(model: nn.Module, drop: set[str]) -> dict[str, tuple]:

@@ -28,7 +28,7 @@ from ptmjax.partitioning import MeshConfig
 from ptmjax.training.trainer import Trainer
 
 SMALL = {"vocab_size": 64, "d_model": 32, "num_heads": 4, "num_layers": 2, "d_ff": 64, "max_length": 16,
-         "dropout_rate": 0.0, "attention_dropout_rate": 0.0}  # fmt: skip
+         "dropout_rate": 0.0, "attention_dropout_rate": 0.0}
 MODELS = {
     "bert_sequence": EncoderForSequenceClassification(BertConfig(**SMALL, nsp_head=False), num_labels=3),
     "roberta_regression": EncoderForSequenceClassification(
@@ -64,7 +64,7 @@ def synthetic_examples(name: str, count: int) -> tuple[list[dict], dict[str, tf.
             examples.append({"inputs": tokens, "token_type_ids": types, "label": int(tokens[0] % 3 if "bert" in name
                                                                                         else tokens[0] > 30)})
     scalars = {"label": tf.float32 if name.endswith("regression") else tf.int32, "answer_start": tf.int32,
-               "answer_end": tf.int32}  # fmt: skip
+               "answer_end": tf.int32}
     return examples, scalars
 
 
@@ -72,7 +72,7 @@ def synthetic_examples(name: str, count: int) -> tuple[list[dict], dict[str, tf.
 def host_batch(name: str) -> dict[str, np.ndarray]:
     examples, scalars = synthetic_examples(name, BATCH - 1)
     signature = {key: tf.TensorSpec([], scalars[key]) if key in scalars else tf.TensorSpec([None], tf.int32)
-                 for key in examples[0]}  # fmt: skip
+                 for key in examples[0]}
     ds = tf.data.Dataset.from_generator(lambda: iter(examples), output_signature=signature)
     converter = family_of(MODELS[name]).feature_converter(pack=False)
     batch = next(converter(ds, {"inputs": LENGTH}).batch(BATCH).as_numpy_iterator())

@@ -71,7 +71,7 @@ def test_span_qa_weighs_out_answers_cut_off_by_truncation():
         {"inputs": [5, 1, 6, 7, 8], "token_type_ids": [0, 0, 1, 1, 1], "answer_start": 4, "answer_end": 7},
     ]
     got = converted(thc.SpanQuestionAnsweringFeatureConverter, examples, 6, answer_start=tf.int32,
-                    answer_end=tf.int32)  # fmt: skip
+                    answer_end=tf.int32)
     np.testing.assert_array_equal(got["answer_start"], [2, 4])
     np.testing.assert_array_equal(got["answer_end"], [3, 5])  # clipped into the row; its weight is 0
     np.testing.assert_array_equal(got["example_weight"], [1, 0])
@@ -138,7 +138,7 @@ def test_span_loss_is_the_mean_of_start_and_end_cross_entropy():
     start, end = (RNG.normal(size=(3, 6)).astype(np.float32) for _ in range(2))
     answer_start, answer_end, weight = np.array([1, 2, 0]), np.array([3, 2, 5]), np.array([1, 1, 0])
     batch = {"answer_start": jnp.asarray(answer_start), "answer_end": jnp.asarray(answer_end),
-             "example_weight": jnp.asarray(weight)}  # fmt: skip
+             "example_weight": jnp.asarray(weight)}
     outputs = SpanLogits(jnp.asarray(start), jnp.asarray(end))
     got = metrics(losses.span_question_answering_loss(outputs, batch, LossConfig(z_loss=0.0)))
     per_example = (np_cross_entropy(start, answer_start, 0.0) + np_cross_entropy(end, answer_end, 0.0)) / 2

@@ -29,16 +29,16 @@ GPT2 = GPT2Config(vocab_size=2176, d_model=32, num_heads=4, num_layers=2, d_ff=6
 T5 = T5Config(
     vocab_size=120, d_model=24, num_heads=3, head_dim=10, d_ff=40, num_encoder_layers=2, num_decoder_layers=1,
     ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.1,
-)  # fmt: skip
+)
 BART = BartConfig(
     vocab_size=101, d_model=24, num_heads=3, num_encoder_layers=2, num_decoder_layers=1, d_ff=40, max_length=24,
-)  # fmt: skip
+)
 ALBERT = AlbertConfig(
     vocab_size=99, embedding_size=16, d_model=24, num_heads=3, num_layers=3, d_ff=40, max_length=32,
-)  # fmt: skip
+)
 ELECTRA = ElectraConfig(
     vocab_size=99, embedding_size=16, d_model=24, num_heads=3, num_layers=2, d_ff=40, max_length=32,
-)  # fmt: skip
+)
 # name -> (converter, config, build_hf_model kwargs)
 MODELS = {
     "t5_v1_1": (hf_t5, T5),
@@ -134,7 +134,7 @@ def test_cli_convert_both_ways_and_fine_tune_from_the_import(tmp_path):
         [f"train.init_checkpoint = '{ckpt}'", "train.task_feature_lengths = {'targets': 32}", "train.batch_size = 8",
          "train.num_steps = 2", "train.eval_batches = 1", "train.show_progress = False",
          "warmup_cosine.peak_learning_rate = 0.0", "warmup_cosine.warmup_steps = 1"],
-    )  # fmt: skip
+    )
     try:
         from ptmjax.training import run
 

@@ -31,7 +31,7 @@ TEXTS = ["Return the sum of a and b.", "Open a file, read it and close it again:
 SMALL = dict(
     d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
     encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-)  # fmt: skip
+)
 
 
 def trained(model, trainer, pre_tokenizer) -> dict:
@@ -45,7 +45,7 @@ def trained(model, trainer, pre_tokenizer) -> dict:
 def byte_level_bpe(tokenizer_class, special_tokens, **kwargs):
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     bpe = trained(models.BPE(), trainers.BpeTrainer(vocab_size=300, special_tokens=special_tokens,
-                                                    initial_alphabet=alphabet), pre_tokenizers.ByteLevel())  # fmt: skip
+                                                    initial_alphabet=alphabet), pre_tokenizers.ByteLevel())
     return tokenizer_class(vocab=bpe["vocab"], merges=[tuple(m) for m in bpe["merges"]], **kwargs)
 
 
@@ -66,7 +66,7 @@ def test_a_t5_run_exports_its_sentencepiece_tokenizer_and_generation_ids(tmp_pat
     config = T5Config(
         vocab_size=2100, d_model=32, num_heads=2, head_dim=16, d_ff=64, num_encoder_layers=2, num_decoder_layers=2,
         ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.0,
-    )  # fmt: skip
+    )
     run = tmp_path / "run"  # a run folder as `ptmjax train` leaves it: config.gin with the task, a checkpoint
     run.mkdir()
     (run / "config.gin").write_text(
@@ -78,7 +78,7 @@ def test_a_t5_run_exports_its_sentencepiece_tokenizer_and_generation_ids(tmp_pat
     vocab = gin_files.folder_vocabulary(str(run))
     assert vocab == vocabularies.stdlib_sentencepiece_vocabulary()
     assert gin_files.folder_generation_ids(ModelDir(str(run))) == GenerationIds(eos_token_id=1, pad_token_id=0,
-                                                                decoder_start_token_id=0)  # fmt: skip
+                                                                decoder_start_token_id=0)
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.gin"]  # reading created nothing
 
     out = tmp_path / "hf"
@@ -110,7 +110,7 @@ def test_import_brings_the_tokenizer_and_export_writes_it_back(tmp_path, family)
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=eos,
             eos_token_id=eos, pad_token_id=eos,
-        ))  # fmt: skip
+        ))
         auto_class, want = "AutoModelForCausalLM", GenerationIds(eos_token_id=eos, pad_token_id=eos, bos_token_id=eos)
     else:
         tokenizer = byte_level_bpe(transformers.BartTokenizer, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
@@ -118,7 +118,7 @@ def test_import_brings_the_tokenizer_and_export_writes_it_back(tmp_path, family)
         model.generation_config.forced_bos_token_id = 0  # where transformers 5 keeps it (mBART-50's language tag)
         auto_class = "AutoModelForSeq2SeqLM"
         want = GenerationIds(eos_token_id=2, pad_token_id=1, decoder_start_token_id=2, bos_token_id=0,
-                             forced_bos_token_id=0, forced_eos_token_id=2)  # fmt: skip
+                             forced_bos_token_id=0, forced_eos_token_id=2)
     saved(tmp_path / "hf", tokenizer, model)
     folder = ModelDir(str(tmp_path / "imported"))
     assert cli.main(["convert", "--from-hf", str(tmp_path / "hf"), "--to", folder.path]) == 0
@@ -148,7 +148,7 @@ def test_bert_import_gives_a_wordpiece_vocabulary(tmp_path):
     model = transformers.BertForMaskedLM(transformers.BertConfig(
         vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
         max_position_embeddings=64,
-    ))  # fmt: skip
+    ))
     saved(tmp_path / "hf", tokenizer, model)
     folder = ModelDir(str(tmp_path / "imported"))
     checkpoint.import_hf(str(tmp_path / "hf"), folder.path)
@@ -181,14 +181,14 @@ def test_an_import_fine_tunes_on_text_with_its_own_tokenizer(tmp_path):
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines[:400]), model_prefix=str(tmp_path / "own"), vocab_size=300, pad_id=0, eos_id=1,
         unk_id=2, bos_id=-1, minloglevel=2,
-    )  # fmt: skip
+    )
     hf_tokenizer.write_tokenizer(seqio.SentencePieceVocabulary(str(tmp_path / "own.model"), extra_ids=100),
-                                 str(tmp_path / "hf"))  # fmt: skip
+                                 str(tmp_path / "hf"))
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     model = transformers.T5ForConditionalGeneration(transformers.T5Config(
         vocab_size=len(tokenizer), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
         decoder_start_token_id=0,
-    ))  # fmt: skip
+    ))
     model.save_pretrained(tmp_path / "hf")
     imported = tmp_path / "imported"
     checkpoint.import_hf(str(tmp_path / "hf"), str(imported))
@@ -207,11 +207,11 @@ def test_an_import_fine_tunes_on_text_with_its_own_tokenizer(tmp_path):
         "train.task_feature_lengths = {'inputs': 32, 'targets': 8}",
         "train.batch_size = 8", "train.num_steps = 2", "train.eval_batches = 1", "train.show_progress = False",
         "train.optimizer = @adamw", "adamw.learning_rate = 1e-3",
-    ]  # fmt: skip
+    ]
     run = tmp_path / "run"
     try:
         assert cli.main(["train", f"--gin_file={imported / 'config.gin'}", f"--model_dir={run}",
-                         *(f"--gin_bindings={b}" for b in bindings)]) == 0  # fmt: skip
+                         *(f"--gin_bindings={b}" for b in bindings)]) == 0
     finally:
         gin.clear_config()
         seqio.TaskRegistry.remove("own_tokenizer_text")

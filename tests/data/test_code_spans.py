@@ -14,7 +14,7 @@ def test_each_rule_on_a_hand_tagged_sentence():
     assert spans("Call os.path.join() with max_length or 'utf-8', then open(file, 'w') (True, 0x1F) e.g. 3.5") == [
         ("os.path.join()", "IDENT"), ("max_length", "IDENT"), ("'utf-8',", "LIT"), ("open(file, 'w')", "IDENT"),
         ("(True,", "LIT"), ("0x1F)", "LIT"), ("3.5", "LIT"),
-    ]  # fmt: skip
+    ]
     # A quoted string runs over words; an unclosed quote or call stays one word (and falls to rule 3).
     assert spans('Set "hello big world" or \'never closed here') == [('"hello big world"', "LIT")]
     assert spans("f(a, b, c, d, e, f, g, h, i) then") == [("f(a,", "IDENT")]

@@ -12,7 +12,7 @@ def batches(task: str, converter, **kwargs) -> list[dict[str, np.ndarray]]:
     dataset = pipeline.get_dataset(
         task, "validation", LENGTHS, 4, seed=0, shuffle=False, pack=False, num_epochs=1, feature_converter=converter,
         **kwargs,
-    )  # fmt: skip
+    )
     return list(dataset.as_numpy_iterator())
 
 

@@ -90,7 +90,7 @@ def test_a_two_task_mixture_in_gin_alone(tmp_path):
         "(@register_text_files_task(), 3.0)]",
         "register_text_files_task.name = 'ptmjax_test_local_lines'",
         f"register_text_files_task.train_pattern = '{tmp_path / 'train.txt'}'",
-    ])  # fmt: skip
+    ])
     try:
         mixture = gin.get_bindings("train")["mixture_or_task_name"]
     finally:

@@ -43,7 +43,7 @@ def gin_run():
         "train.task_feature_lengths": LENGTHS, "train.log_every": 1, "train.eval_every": 3,
         "train.eval_batches": 1, "train.checkpoint_every": 3,
         "T5Config.num_encoder_layers": 1, "T5Config.num_decoder_layers": 1,
-    }  # fmt: skip
+    }
     gin_files.parse_gin(["runs/objective_mixture.gin"], [f"{name} = {value!r}" for name, value in bindings.items()])
     yield
     gin.clear_config()

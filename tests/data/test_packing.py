@@ -12,7 +12,7 @@ def examples(count: int, longest: int, seed: int) -> tf.data.Dataset:
     """Random int64 'inputs' (some empty, some longer than any row) and 'targets' (never empty), and an 'idx'."""
     rng = np.random.default_rng(seed)
     pairs = [(rng.integers(1, 50, rng.integers(0, longest)), rng.integers(1, 50, rng.integers(1, longest // 2)))
-             for _ in range(count)]  # fmt: skip
+             for _ in range(count)]
     spec = tf.TensorSpec([None], tf.int64)
     dataset = tf.data.Dataset.from_generator(lambda: iter(pairs), output_signature=(spec, spec))
     return dataset.map(lambda inputs, targets: {"inputs": inputs, "targets": targets, "idx": tf.constant(7)})
@@ -30,7 +30,7 @@ def test_the_rows_equal_seqios(count, longest, lengths):
     assert len(got) == len(expected) > 0
     for ours, theirs in zip(got, expected, strict=True):
         assert ours.keys() == theirs.keys() == {f"{name}{suffix}" for name in lengths
-                                                for suffix in ("", "_segment_ids", "_positions")}  # fmt: skip
+                                                for suffix in ("", "_segment_ids", "_positions")}
         for key, value in ours.items():
             assert value.dtype == theirs[key].dtype == np.int32 and value.shape == (lengths[key.split("_")[0]],)
             np.testing.assert_array_equal(value, theirs[key], err_msg=key)

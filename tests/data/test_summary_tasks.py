@@ -12,7 +12,7 @@ from ptmjax.evaluation.tasks import common
 def evaluate(task: seqio.Task, examples: list[dict], predictions: list[str]) -> dict[str, float]:
     """The task's metrics of `predictions`, as seqio's evaluator computes them."""
     targets = [task.postprocess_fn(common.as_text(ex["targets_pretokenized"]), example=ex, is_target=True)
-               for ex in examples]  # fmt: skip
+               for ex in examples]
     predicted = [task.postprocess_fn(text, example=ex) for ex, text in zip(examples, predictions, strict=True)]
     results = {}
     for metric_fn in task.predict_metric_fns:

@@ -28,7 +28,7 @@ def test_a_known_docstring_paragraph_gets_its_hand_checked_tags():
     tags = [tagging_task.TAGS[i] for i in examples[words]]
     # The quoted command is a 3-word literal; 'synopsis' is pydoc.synopsis, a function of the module it documents.
     assert tags == ["O", "B-LIT", "I-LIT", "I-LIT", "O", "O", "O", "O", "O", "O", "O", "B-IDENT", "O", "O", "O",
-                    "O", "O"]  # fmt: skip
+                    "O", "O"]
 
 
 def test_features_put_each_words_tag_on_its_first_piece():
@@ -73,4 +73,4 @@ def test_tag_counts_and_the_all_outside_chance_level():
     counts = collections.Counter(tag for _, tags in tagging_task.word_tags("validation") for tag in tags)
     assert sum(counts.values()) == 8553 and counts[0] == 7789
     assert tagging_task.all_outside_baseline() == {"token_accuracy": 100 * 7789 / 8553, "span_precision": 0.0,
-                                                   "span_recall": 0.0, "span_f1": 0.0}  # fmt: skip
+                                                   "span_recall": 0.0, "span_f1": 0.0}

@@ -47,7 +47,7 @@ def test_every_pretraining_objective_is_registered_without_autograph():
     names = tasks_without_autograph()
     for expected in ("ptmjax_stdlib_span_corruption", "ptmjax_stdlib_causal_lm", "ptmjax_stdlib_mlm",
                      "ptmjax_stdlib_mlm_nsp", "ptmjax_stdlib_permuted_lm", "ptmjax_stdlib_ul2",
-                     "ptmjax_stdlib_bart_denoising", "ptmjax_stdlib_bert_style"):  # fmt: skip
+                     "ptmjax_stdlib_bart_denoising", "ptmjax_stdlib_bert_style"):
         assert expected in names
 
 
@@ -57,7 +57,7 @@ def test_the_examples_equal_those_built_with_autograph(name):
     reference = seqio.Task(
         f"{name}_with_autograph", source=task.source, output_features=task.output_features,
         preprocessors=[with_autograph(p) for p in task.preprocessors],
-    )  # fmt: skip
+    )
     got, expected = examples(task), examples(reference)
     assert len(got) == len(expected) == 4
     for a, b in zip(got, expected, strict=True):
@@ -94,7 +94,7 @@ def test_seqio_still_passes_the_arguments_a_wrapped_partial_takes():
 # rows (seqio's), masked LM, sentence pairs and permuted LM (ptmjax's), and the task heads' rows.
 CONVERTER_DEMOS = ("runs/demo.gin", "runs/gpt2_demo.gin", "runs/electra_demo.gin", "runs/bert_demo.gin",
                    "runs/xlnet_demo.gin", "runs/bert_classify_demo.gin", "runs/bert_tagging_demo.gin",
-                   "runs/bert_qa_demo.gin")  # fmt: skip
+                   "runs/bert_qa_demo.gin")
 
 
 @pytest.mark.parametrize("run_file", CONVERTER_DEMOS)
@@ -117,7 +117,7 @@ def test_a_familys_converter_gives_the_batches_of_the_same_converter_with_autogr
 
     def first_batches(feature_converter):
         dataset = pipeline.get_dataset(getattr(name, "name", name), "train", spec.task_feature_lengths, 4, seed=1,
-                                       shuffle=True, pack=spec.pack, feature_converter=feature_converter)  # fmt: skip
+                                       shuffle=True, pack=spec.pack, feature_converter=feature_converter)
         return list(itertools.islice(dataset.as_numpy_iterator(), 2))
 
     got, expected = first_batches(converter), first_batches(reference)

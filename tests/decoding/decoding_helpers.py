@@ -21,23 +21,23 @@ IDS = GenerationIds(eos_token_id=EOS, pad_token_id=0, decoder_start_token_id=0)
 T5_V1_1 = T5Config(
     vocab_size=VOCAB, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=2, num_decoder_layers=2,
     ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.0,
-)  # fmt: skip
+)
 T5_V1_0 = dataclasses.replace(T5_V1_1, ffn_activations=("relu",), tie_embeddings=True)
 SWITCH = dataclasses.replace(T5_V1_1, num_experts=4, moe_every=2, moe_eval_capacity_factor=4.0)
 BART = BartConfig(
     vocab_size=VOCAB, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64, max_length=32,
     pad_token_id=0, dropout_rate=0.0,
-)  # fmt: skip
+)
 MBART = dataclasses.replace(BART, pre_layer_norm=True, scale_embedding=True)
 GPT = GPT2Config(
     vocab_size=VOCAB, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=32, dropout_rate=0.0,
     attention_dropout_rate=0.0,
-)  # fmt: skip
+)
 GPT_MOE = dataclasses.replace(GPT, num_experts=4, moe_every=1, moe_eval_capacity_factor=4.0)
 MODELS = {
     "t5_1_1": EncoderDecoder(T5_V1_1), "t5_1_0": EncoderDecoder(T5_V1_0), "switch": EncoderDecoder(SWITCH),
     "bart": Bart(BART), "mbart": Bart(MBART), "gpt2": GPT2(GPT), "gpt2_moe": GPT2(GPT_MOE),
-}  # fmt: skip
+}
 # Encoder inputs of different lengths, padded with 0; decoder-only prompts right-padded (segment ids 0).
 ENCODER_INPUTS = np.array([[5, 6, 7, 8, 9, 1], [10, 11, 1, 0, 0, 0], [12, 13, 14, 1, 0, 0]], np.int32)
 PROMPTS = np.array([[3, 4, 5, 6], [7, 8, 0, 0], [9, 0, 0, 0]], np.int32)

@@ -79,7 +79,7 @@ ON_GPU = pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's fuse
 @pytest.mark.parametrize("name, kernel", [
     ("t5_1_1", "einsum"), pytest.param("gpt2", "einsum", marks=pytest.mark.slow),
     pytest.param("t5_1_1", "cudnn", marks=ON_GPU), pytest.param("gpt2", "cudnn", marks=ON_GPU),
-])  # fmt: skip
+])
 def test_bfloat16_activations_decode_like_uncached_bfloat16(name, kernel, jit_predict):
     """The cache holds bf16 keys and values; the uncached bf16 model picks the same tokens (with cuDNN's
     attention too, on a GPU: the cache's one-query steps against whole unpacked sequences)."""

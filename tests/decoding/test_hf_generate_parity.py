@@ -40,17 +40,17 @@ COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 T5_V1_0 = T5Config(
     vocab_size=VOCAB, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=2, num_decoder_layers=2,
     ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0,
-)  # fmt: skip
+)
 T5_V1_1 = dataclasses.replace(T5_V1_0, ffn_activations=("gelu", "linear"), tie_embeddings=False)
 BART = BartConfig(
     vocab_size=VOCAB, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64, max_length=32,
     dropout_rate=0.0,
-)  # fmt: skip
+)
 MBART = dataclasses.replace(BART, pre_layer_norm=True, scale_embedding=True)
 GPT2_CONFIG = GPT2Config(
     vocab_size=VOCAB, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=32, dropout_rate=0.0,
     attention_dropout_rate=0.0,
-)  # fmt: skip
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +137,7 @@ def hf_generate(name: str, num_beams: int, **ids):
             max_new_tokens=NEW_TOKENS, min_length=0, length_penalty=0.0, early_stopping=False,
             forced_eos_token_id=None, no_repeat_ngram_size=0, repetition_penalty=1.0, output_scores=True,
             return_dict_in_generate=True,
-        )  # fmt: skip
+        )
     prompt = 1 if case.start is not None else inputs["input_ids"].shape[1]
     generated = out.sequences[:, prompt:].numpy()
     tokens = np.full((generated.shape[0], NEW_TOKENS), case.pad)
@@ -171,7 +171,7 @@ def ptmjax_generate(name: str, num_beams: int, **ids):
         config = DecodeConfig(
             method="beam", max_decode_length=NEW_TOKENS, num_beams=num_beams, num_decodes=num_beams,
             length_penalty_alpha=0.0,
-        )  # fmt: skip
+        )
     else:
         config = DecodeConfig(method="greedy", max_decode_length=NEW_TOKENS)
     out = jax.jit(api.predict, static_argnums=(2, 3), compiler_options=COMPILER_OPTIONS)(params, ours, config, ids)

@@ -112,7 +112,7 @@ def test_sample_distribution_follows_the_model():
     draws = 4000
     for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.6)]:
         config = DecodeConfig(method="sample", max_decode_length=1, num_decodes=draws, temperature=temperature,
-                              top_k=top_k, top_p=top_p)  # fmt: skip
+                              top_k=top_k, top_p=top_p)
         first = np.asarray(decode(params, batch, config, IDS, jax.random.key(0)).tokens[0, :, 0])
         expected = np.asarray(jax.nn.softmax(filter_logits(logits[None] / temperature, top_k, top_p)[0]), np.float64)
         observed = np.bincount(first, minlength=len(expected)) / draws
@@ -173,6 +173,6 @@ def test_missing_ids_and_rng_and_non_generative_models_are_named():
     from ptmjax.models.encoder import EncoderConfig
 
     bert = Bert(EncoderConfig(vocab_size=16, d_model=8, num_heads=2, num_layers=1, d_ff=16, max_length=8,
-                              dropout_rate=0.0))  # fmt: skip
+                              dropout_rate=0.0))
     with pytest.raises(ValueError, match="Bert does not generate text"):
         model_api(bert).predict({}, {}, GREEDY, IDS)

@@ -32,7 +32,7 @@ def eight_rows(module):
 
 
 DEFAULT_CASES = [("t5_1_1", "data2_fsdp2_tensor2", "beam"), ("gpt2", "data2_fsdp2_tensor2", "greedy"),
-                 ("switch", "data2_expert4", "greedy")]  # fmt: skip
+                 ("switch", "data2_expert4", "greedy")]
 SLOW_CASES = [
     pytest.param(name, mesh, method, marks=pytest.mark.slow)
     for name, mesh in [("t5_1_1", "data2_fsdp2_tensor2"), ("gpt2", "data2_fsdp2_tensor2"), ("switch", "data2_expert4")]

@@ -75,7 +75,7 @@ FIXTURES = {
                                "id": "a1", "publisher": "cnn"}],
     ("xsum", None): [{"document": "The council met today.", "summary": "The council met but decided nothing."}],
     ("wmt14_translate", "de-en"): [{"en": "The house is small and old.", "de": "Das Haus ist klein und alt."}],
-}  # fmt: skip
+}
 
 
 def mock_as_dataset(builder, split, *args, **kwargs):
@@ -84,7 +84,7 @@ def mock_as_dataset(builder, split, *args, **kwargs):
     examples = FIXTURES[(builder.name, config)]
     examples = examples[split] if isinstance(examples, dict) else examples
     return tf.data.Dataset.from_generator(lambda: iter(examples),
-                                          output_signature=builder.info.features.get_tensor_spec())  # fmt: skip
+                                          output_signature=builder.info.features.get_tensor_spec())
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -109,7 +109,7 @@ def evaluate(task_name: str, examples: list[dict], predictions: list[str]) -> di
     """The task's metrics of `predictions` as seqio's evaluator computes them."""
     task = seqio.get_mixture_or_task(task_name)
     targets = [task.postprocess_fn(common.as_text(ex["targets_pretokenized"]), example=ex, is_target=True)
-               for ex in examples]  # fmt: skip
+               for ex in examples]
     pairs = zip(examples, predictions, strict=True)
     predicted = [task.postprocess_fn(text, example=ex, is_target=False) for ex, text in pairs]
     results = {}
@@ -165,7 +165,7 @@ CASES = [
      {"rouge1", "rouge2", "rougeLsum"}, ["Rain is expected"]),
     ("wmt14_ende", "test", "translate English to German: The house is small and old.", "Das Haus ist klein und alt.",
      {"bleu"}, ["Der Hund ist gross."]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("name", "split", "inputs", "targets", "keys", "wrong"), CASES, ids=[c[0] for c in CASES])

@@ -26,7 +26,7 @@ BINDINGS = [
     "train.log_every = 1", "rsqrt_with_warmup.warmup_steps = 1", "DecodeConfig.max_decode_length = 8",
     f"train.inference_eval_tasks = ['{eval_tasks.MIXTURE}']", "train.inference_eval_every = 1",
     f"train.best_checkpoint_metric = '{BEST}'", "train.best_checkpoint_mode = 'min'",
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,18 +110,18 @@ def test_bad_flags_and_settings_give_one_line_errors(run_dir, tmp_path, capsys):
     assert "no checkpoint for step 7" in error("--model_dir", run_dir, "--task", eval_tasks.MIXTURE, "--step", "7")
     assert "pick a multiple of 8" in error(
         "--model_dir", run_dir, "--task", eval_tasks.MIXTURE, "--batch_size", "6", "--output", str(tmp_path / "x.json")
-    )  # fmt: skip
+    )
     assert "DecodeConfig.num_beams must be a positive int, got 0" in error(
         "--model_dir", run_dir, "--task", eval_tasks.MIXTURE, "--num_beams", "0"
-    )  # fmt: skip
+    )
 
     model = EncoderDecoder(T5Config(
         vocab_size=2176, d_model=16, num_heads=2, head_dim=8, d_ff=16, num_encoder_layers=1, num_decoder_layers=1,
         ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0,
-    ))  # fmt: skip
+    ))
     with pytest.raises(ValueError, match=r"best_checkpoint_metric='rouge1' does not name '<task>/<metric>'"):
         train(str(tmp_path / "bad"), model=model, task_feature_lengths={"inputs": 24, "targets": 8}, batch_size=8,
-              num_steps=1, inference_eval_tasks=[eval_tasks.PREDICT_TASK], best_checkpoint_metric="rouge1")  # fmt: skip
+              num_steps=1, inference_eval_tasks=[eval_tasks.PREDICT_TASK], best_checkpoint_metric="rouge1")
     with pytest.raises(ValueError, match=r"needs evaluations; set train.inference_eval_tasks"):
         train(str(tmp_path / "bad"), model=model, task_feature_lengths={"inputs": 24, "targets": 8}, batch_size=8,
-              num_steps=1, best_checkpoint_metric="x/y")  # fmt: skip
+              num_steps=1, best_checkpoint_metric="x/y")

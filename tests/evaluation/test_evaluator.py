@@ -22,7 +22,7 @@ VOCAB = vocabularies.stdlib_sentencepiece_vocabulary()
 GPT = GPT2(GPT2Config(
     vocab_size=2176, d_model=32, num_heads=4, num_layers=1, d_ff=64, max_length=48, dropout_rate=0.0,
     attention_dropout_rate=0.0,
-))  # fmt: skip
+))
 DECODE = DecodeConfig(method="greedy", max_decode_length=8)
 
 
@@ -42,7 +42,7 @@ def test_mixture_predictions_metrics_and_scores_equal_the_model_api_by_hand():
     evaluator = InferenceEvaluator(
         api, eval_tasks.MIXTURE, partitioning.make_mesh(mesh_config), mesh_config.rules, DECODE, ids, batch_size=8,
         task_feature_lengths=eval_tasks.LENGTHS, logits_chunk_size=4,
-    )  # fmt: skip
+    )
     results = evaluator.evaluate(params, step=3)
 
     assert evaluator.num_examples() == {eval_tasks.PREDICT_TASK: 10, eval_tasks.SCORE_TASK: 10}

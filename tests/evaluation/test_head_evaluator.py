@@ -27,7 +27,7 @@ from ptmjax.partitioning import MeshConfig
 from ptmjax.training import run
 
 CONFIG = BertConfig(vocab_size=2176, d_model=32, num_heads=2, num_layers=2, d_ff=64, max_length=64,
-                    dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+                    dropout_rate=0.0, attention_dropout_rate=0.0)
 LENGTH, EXAMPLES = 48, 12
 MESH = MeshConfig(data=2, fsdp=2, tensor=2)
 
@@ -37,11 +37,11 @@ def evaluate(model, task):
     api = model_api(model)
     params = nn.unbox(api.init(jax.random.key(3)))
     evaluator = HeadEvaluator(api, task, partitioning.make_mesh(MESH), MESH.rules, batch_size=8,
-                              task_feature_lengths={"inputs": LENGTH}, max_examples=EXAMPLES)  # fmt: skip
+                              task_feature_lengths={"inputs": LENGTH}, max_examples=EXAMPLES)
     got = evaluator.evaluate(params)[task]
     examples = list(pipeline.get_task_or_mixture(task).get_dataset(
         {"inputs": LENGTH}, split="validation", shuffle=False, num_epochs=1, seed=0, use_cached=False,
-    ).take(EXAMPLES).as_numpy_iterator())  # fmt: skip
+    ).take(EXAMPLES).as_numpy_iterator())
     outputs = []
     for example in examples:
         tokens = np.zeros((1, LENGTH), np.int32)
@@ -83,11 +83,11 @@ def test_head_fine_tuning_from_gin_over_a_pretrained_bert(tmp_path, capsys):
     """runs/bert_classify_demo.gin, shortened, over a 2-step runs/bert_demo.gin run: the backbone is restored,
     the classifier is fresh, and the evaluation in training reports the task's accuracy."""
     short = ["train.batch_size = 8", "train.num_steps = 2", "train.eval_every = 2", "train.eval_batches = 1",
-             "train.checkpoint_every = 2", "train.show_progress = False"]  # fmt: skip
+             "train.checkpoint_every = 2", "train.show_progress = False"]
     runs = [("runs/bert_demo.gin", "bert", ["train.task_feature_lengths = {'inputs': 32, 'targets': 32}"]),
             ("runs/bert_classify_demo.gin", "classify",
              [f"train.init_checkpoint = '{tmp_path / 'bert'}'", "train.task_feature_lengths = {'inputs': 32}",
-              "train.inference_eval_examples = 8", "slanted_triangular.total_steps = 20"])]  # fmt: skip
+              "train.inference_eval_examples = 8", "slanted_triangular.total_steps = 20"])]
     for run_file, name, bindings in runs:
         gin_files.parse_gin([run_file], [*short, *bindings])
         try:
@@ -102,5 +102,5 @@ def test_head_fine_tuning_from_gin_over_a_pretrained_bert(tmp_path, capsys):
     # `ptmjax eval` of the run's folder scores the same 8 examples alike.
     output = tmp_path / "eval.json"
     assert cli.main(["eval", "--model_dir", str(tmp_path / "classify"), "--task", MODULE_HEAD_TASK,
-                     "--max_examples", "8", "--batch_size", "8", "--output", str(output)]) == 0  # fmt: skip
+                     "--max_examples", "8", "--batch_size", "8", "--output", str(output)]) == 0
     assert json.loads(output.read_text())["metrics"][MODULE_HEAD_TASK]["accuracy"] == pytest.approx(accuracy)

@@ -38,7 +38,7 @@ def test_squad_normalises_and_takes_the_best_answer():
     assert metrics.normalize_squad("The  Cat's, a HAT!") == "cats hat"
     # 1: exact after normalisation; 2: 'quick fox jumps' vs 'quick brown fox': 2 common, P = R = 2/3.
     result = metrics.squad([["Paris", "the Eiffel Tower"], ["The quick brown fox"]],
-                           ["Eiffel tower!", "a quick fox jumps"])  # fmt: skip
+                           ["Eiffel tower!", "a quick fox jumps"])
     assert result == {"em": pytest.approx(50.0), "f1": pytest.approx(100 * (1 + 2 / 3) / 2)}
     assert metrics.squad(["yes"], ["no"]) == {"em": 0.0, "f1": 0.0}
     with pytest.raises(ValueError, match="no gold answer"):

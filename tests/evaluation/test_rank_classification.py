@@ -12,7 +12,7 @@ from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
 CONFIG = T5Config(
     vocab_size=40, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_encoder_layers=1, num_decoder_layers=1,
     ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.0,
-)  # fmt: skip
+)
 EXAMPLES = [[5, 9, 12, 1], [7, 1], [3, 30, 31, 17, 22, 1]]  # encoder tokens with EOS, unpadded
 CANDIDATES = [[4, 1], [8, 8, 13, 1], [1], [25, 6, 1]]  # target tokens with EOS, unpadded
 
@@ -63,7 +63,7 @@ def test_decoder_only_candidates_follow_their_example_as_a_bidirectional_prefix(
     """GPT-2 reads example + candidate as one row; the prefix (the inputs, and the first shifted-in
     position) attends both ways, and only the candidate's tokens are scored."""
     model = GPT2(GPT2Config(vocab_size=40, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16,
-                            dropout_rate=0.0, attention_dropout_rate=0.0))  # fmt: skip
+                            dropout_rate=0.0, attention_dropout_rate=0.0))
     params = jax.tree.map(lambda x: x * 3.0, jax.jit(model.init)(jax.random.key(1), jnp.ones((1, 1), jnp.int32)))
     params = params["params"]
     scores = evaluation.candidate_log_likelihoods(
@@ -74,7 +74,7 @@ def test_decoder_only_candidates_follow_their_example_as_a_bidirectional_prefix(
             row = inputs + candidate
             causal_prefix = [1] * (len(inputs) + 1) + [0] * (len(candidate) - 1)
             logits = model.apply({"params": params}, jnp.array([[0] + row[:-1]]),
-                                 decoder_causal_attention=jnp.array([causal_prefix]))  # fmt: skip
+                                 decoder_causal_attention=jnp.array([causal_prefix]))
             log_probs = log_softmax64(logits)[0]
             want = sum(log_probs[len(inputs) + t, token] for t, token in enumerate(candidate))
             np.testing.assert_allclose(scores[i, j], want, rtol=1e-5, atol=1e-4)

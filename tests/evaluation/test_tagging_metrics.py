@@ -11,7 +11,7 @@ def test_bio_spans_read_as_seqeval_does():
     tags = ["B-IDENT", "I-IDENT", "O", "I-LIT", "I-LIT", "B-LIT", "I-IDENT", "B-LIT", "B-LIT"]
     # An I- after O or after another type starts a span; B- always does.
     assert metrics.bio_spans(tags) == {(0, 1, "IDENT"), (3, 4, "LIT"), (5, 5, "LIT"), (6, 6, "IDENT"),
-                                       (7, 7, "LIT"), (8, 8, "LIT")}  # fmt: skip
+                                       (7, 7, "LIT"), (8, 8, "LIT")}
     assert metrics.bio_spans(["O", "O"]) == set() and metrics.bio_spans([]) == set()
 
 
@@ -24,7 +24,7 @@ def test_token_accuracy_and_span_f1_hand_computed():
     # Tokens 6/8; spans: 2 matched of 4 predicted and 3 gold: P = 1/2, R = 2/3, F1 = 4/7.
     result = metrics.token_tagging(TAGS)(targets, predictions)
     assert result == pytest.approx({"token_accuracy": 75.0, "span_precision": 50.0, "span_recall": 200 / 3,
-                                    "span_f1": 400 / 7})  # fmt: skip
+                                    "span_f1": 400 / 7})
 
 
 def test_all_outside_predictions_score_no_span():

@@ -19,7 +19,7 @@ RUN_BINDINGS = (
     "train.task_feature_lengths = {'inputs': 32, 'targets': 8}", "train.batch_size = 8", "train.num_steps = 2",
     "train.pack = False", "train.log_every = 2", "train.eval_every = 2", "train.eval_batches = 1",
     "train.checkpoint_every = 2", "train.show_progress = False", "rsqrt_with_warmup.warmup_steps = 1",
-)  # fmt: skip
+)
 
 
 def train_tiny_run(model_dir: str) -> str:
@@ -53,18 +53,18 @@ def save_tiny_gpt2(hf_dir) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel()
     paragraphs = [p for d in corpus.stdlib_docstrings("train") for p in d.split("\n\n") if p.strip()][:300]
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(paragraphs, trainer)
     bpe = json.loads(tokenizer.to_str())["model"]
     hf_tokenizer = transformers.GPT2Tokenizer(
         vocab=bpe["vocab"], merges=[tuple(m) for m in bpe["merges"]], pad_token="<|endoftext|>"
-    )  # fmt: skip
+    )
     eos = hf_tokenizer.eos_token_id
     transformers.set_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=len(hf_tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=eos,
         eos_token_id=eos, pad_token_id=eos,
-    ))  # fmt: skip
+    ))
     with torch.no_grad():  # peaked next-token distributions: greedy choices far from float ties
         for weight in model.parameters():
             if weight.ndim > 1:

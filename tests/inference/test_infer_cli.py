@@ -40,13 +40,13 @@ def test_task_split_predictions_equal_predict_on_its_examples(t5_run, t5_model, 
     output = tmp_path / "out.jsonl"
     args = ["infer", "--model_dir", t5_run, "--task", "ptmjax_stdlib_span_corruption_byte", "--max_examples=3",
             "--output", str(output), "--method=beam", "--num_decodes=2", "--max_decode_length=6",
-            "--gin_bindings=DecodeConfig.num_beams = 3"]  # fmt: skip
+            "--gin_bindings=DecodeConfig.num_beams = 3"]
     assert cli.main(args) == 0
     task = seqio.get_mixture_or_task("ptmjax_stdlib_span_corruption_byte")
     examples = list(task.get_dataset({"inputs": 32, "targets": 8}, split="validation", shuffle=False, num_epochs=1,
-                                     seed=0).take(3).as_numpy_iterator())  # fmt: skip
+                                     seed=0).take(3).as_numpy_iterator())
     want = t5_model.predict([e["inputs"] for e in examples], method="beam", num_beams=3, num_decodes=2,
-                            max_decode_length=6)  # fmt: skip
+                            max_decode_length=6)
     records = read_jsonl(output)
     vocabulary = t5_model.vocabulary
     assert [r["targets"] for r in records] == [vocabulary.decode(e["targets"].tolist()) for e in examples]
@@ -84,7 +84,7 @@ def test_a_second_run_compiles_nothing_and_predicts_the_same(t5_run, tmp_path):
     for run in range(2):
         output = tmp_path / f"run{run}.jsonl"
         command = [sys.executable, "-m", "ptmjax.cli", "infer", "--model_dir", t5_run, "--input_file",
-                   str(tmp_path / "prompts.txt"), "--output", str(output), "--max_decode_length=6"]  # fmt: skip
+                   str(tmp_path / "prompts.txt"), "--output", str(output), "--max_decode_length=6"]
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         entries.append(sorted(os.listdir(tmp_path / "cache")))

@@ -51,7 +51,7 @@ def test_score_equals_model_api_score_and_float64_numpy(t5_model):
         "encoder_input_tokens": padded(inputs), "decoder_target_tokens": target_tokens,
         "decoder_input_tokens": np.pad(target_tokens, ((0, 0), (1, 0)))[:, :-1],
         "decoder_loss_weights": (target_tokens > 0).astype(np.int32),
-    }  # fmt: skip
+    }
     api = model_api(t5_model.module)
     np.testing.assert_allclose(got, api.score(params, batch), rtol=1e-5)
     logits = np.asarray(t5_model.module.apply({"params": params}, **api.model_inputs(batch)), np.float64)
@@ -110,7 +110,7 @@ def test_repr_html_summarises_the_model(t5_model, t5_run):
     (["fine", ""], ValueError, r"inputs\[1\] is ''"),
     (["fine", 3.5], TypeError, r"inputs\[1\] is a float"),
     ("a lone string", TypeError, "wrap it"),
-])  # fmt: skip
+])
 def test_bad_inputs_get_a_clear_error(t5_model, inputs, error, match):
     with pytest.raises(error, match=match):
         t5_model.generate(inputs)

@@ -86,7 +86,7 @@ def boxed_param_table(init: Callable[[], dict]) -> list[dict]:
         table.append({
             "path": "/".join(str(k.key) for k in path), "shape": list(leaf.value.shape),
             "dtype": str(leaf.value.dtype), "axes": list(leaf.names),
-        })  # fmt: skip
+        })
     return sorted(table, key=lambda row: row["path"])
 
 
@@ -173,7 +173,7 @@ def padded_encoder_batch(config: object) -> tuple[np.ndarray, np.ndarray]:
 def compare_with_hf_encoder(
     module: nn.Module, params: dict, hf_model: object, config: object,
     outputs: Callable[[object, object], dict[str, tuple[jax.Array, object, bool]]],
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """Max |difference| per output of `module` and `hf_model` on `padded_encoder_batch(config)`.
 
     'hidden' (the final hidden states) is always compared; `outputs(ours, hf_out)` names the others as
@@ -186,7 +186,7 @@ def compare_with_hf_encoder(
         hf_out = hf_model(
             torch.tensor(tokens), attention_mask=torch.tensor(valid.astype(np.int64)),
             token_type_ids=torch.tensor(types), output_hidden_states=True,
-        )  # fmt: skip
+        )
 
     def run(p, t, tt):
         return module.apply(p, t, tt), module.apply(p, t, tt, method=module.encode)
@@ -265,7 +265,7 @@ def tiny_attention_models(layers: int) -> tuple[T5Config, GPT2Config]:
     heads, head_dim, width = TINY_ATTENTION
     t5 = T5Config(vocab_size=40, d_model=width, num_heads=heads, head_dim=head_dim, d_ff=32, num_encoder_layers=layers,
                   num_decoder_layers=layers, ffn_activations=("gelu", "linear"), tie_embeddings=False,
-                  dropout_rate=0.0)  # fmt: skip
+                  dropout_rate=0.0)
     gpt2 = GPT2Config(vocab_size=40, d_model=width, num_heads=heads, num_layers=layers, d_ff=32, max_length=16,
-                      dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+                      dropout_rate=0.0, attention_dropout_rate=0.0)
     return t5, gpt2

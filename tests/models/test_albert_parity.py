@@ -32,7 +32,7 @@ from ptmjax.convert import hf_albert  # noqa: E402
 ALBERT = AlbertConfig(
     vocab_size=101, embedding_size=16, d_model=24, num_heads=3, num_layers=3, d_ff=40, max_length=24,
     classifier_dropout_rate=0.0,
-)  # fmt: skip
+)
 CONFIGS = {
     "albert_pretraining_E16_H24_heads_3": ALBERT,
     "albert_mlm_E40_H20_heads_5_two_groups_erf_gelu": dataclasses.replace(
@@ -105,7 +105,7 @@ def test_config_round_trip_and_unsupported_values_are_named():
     for name, value in (
         ("inner_group_num", 2), ("num_hidden_groups", 2), ("position_embedding_type", "relative_key"),
         ("hidden_act", "quick_gelu"), ("model_type", "bert"), ("tie_word_embeddings", False),
-    ):  # fmt: skip
+    ):
         with pytest.raises(ValueError, match=name):
             hf_albert.from_hf_config(dict(hf, **{name: value}))
     with pytest.raises(ValueError, match="num_labels"):

@@ -22,9 +22,9 @@ T5 = T5Config(
     ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.0,
 )
 GPT = GPT2Config(vocab_size=VOCAB, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16, dropout_rate=0.0,
-                 attention_dropout_rate=0.0)  # fmt: skip
+                 attention_dropout_rate=0.0)
 BERT = BertConfig(vocab_size=VOCAB, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16, dropout_rate=0.0,
-                  attention_dropout_rate=0.0)  # fmt: skip
+                  attention_dropout_rate=0.0)
 SEGMENTS = np.array([[1, 1, 1, 2, 2, 2], [1, 1, 1, 1, 2, 2], [1, 1, 1, 0, 0, 0]])
 POSITIONS = np.array([[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 0, 1], [0, 1, 2, 0, 0, 0]])
 UNPADDED = np.array([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4])
@@ -57,7 +57,7 @@ CASES = {  # the model's config, its batch, and the output positions that are no
         decoder_causal_attention=(POSITIONS < 2) * (SEGMENTS > 0),
     ), EVERYWHERE),
     "bert_padding": (BERT, packed(input_tokens=tokens(4, UNPADDED)), UNPADDED),
-}  # fmt: skip
+}
 MODELS = {T5Config: EncoderDecoder, GPT2Config: GPT2, BertConfig: Bert}
 
 
@@ -91,7 +91,7 @@ def test_cached_greedy_decoding_equals_einsum(case):
     config, batch, ids = {
         "t5": (T5, {"encoder_input_tokens": tokens(6, SEGMENTS)}, GenerationIds(1, 0, decoder_start_token_id=0)),
         "gpt2": (GPT, {"decoder_input_tokens": tokens(7, np.ones((ROWS, 3)))}, GenerationIds(1, 0, bos_token_id=0)),
-    }[case]  # fmt: skip
+    }[case]
     decoded = {}
     for kernel in ("einsum", "xla"):
         api = model_api(MODELS[type(config)](dataclasses.replace(config, attention_kernel=kernel)))
@@ -140,9 +140,9 @@ def worst_gradient_error(grads, want_grads) -> float:
 def gpu_cases() -> dict:
     """Sizes cuDNN's flash attention takes (head_dim 64): T5 unpacked with trailing padding and packed, GPT-2."""
     t5 = T5Config(vocab_size=128, d_model=256, num_heads=4, head_dim=64, d_ff=512, num_encoder_layers=2,
-                  num_decoder_layers=2, ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0)  # fmt: skip
+                  num_decoder_layers=2, ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0)
     gpt = GPT2Config(vocab_size=128, d_model=256, num_heads=4, num_layers=2, d_ff=512, max_length=128,
-                     dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+                     dropout_rate=0.0, attention_dropout_rate=0.0)
     rng = np.random.default_rng(8)
     ids = lambda valid: jnp.asarray(rng.integers(2, 128, valid.shape) * (valid > 0), jnp.int32)  # noqa: E731
     lengths = np.array([128, 100, 64, 17])
@@ -160,7 +160,7 @@ def gpu_cases() -> dict:
             decoder_positions=np.arange(64)[None] - np.where(decoder_segments == 2, 30, 0),
         ), np.ones((4, 64))),
         "gpt2_causal": (gpt, {"decoder_input_tokens": ids(np.ones((4, 128)))}, np.ones((4, 128))),
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's fused attention runs on an NVIDIA GPU")

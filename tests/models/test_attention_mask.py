@@ -42,7 +42,7 @@ def test_masks_fold_to_their_definitions(packed):
     encoder = encoder_attention_mask(tokens, segments, pad_token_id=1)
     assert not encoder.causal
     np.testing.assert_array_equal(folded(encoder), expected(lambda b, q, k: real(b, q) and real(b, k)
-                                                            and in_segment(b, q, k)))  # fmt: skip
+                                                            and in_segment(b, q, k)))
     decoder = decoder_attention_mask(tokens, segments)
     assert decoder.causal
     np.testing.assert_array_equal(folded(decoder), expected(lambda b, q, k: k <= q and in_segment(b, q, k)))

@@ -27,7 +27,7 @@ from ptmjax.convert import hf_bart  # noqa: E402
 BART = BartConfig(
     vocab_size=101, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=3, d_ff=64, max_length=24,
     dropout_rate=0.0,
-)  # fmt: skip
+)
 MBART = dataclasses.replace(BART, pre_layer_norm=True, scale_embedding=True)
 CONFIGS = {
     "bart": BART,
@@ -92,7 +92,7 @@ def test_logits_and_hidden_match_transformers_with_padding(name):
     inputs = dict(
         input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc_valid.astype(np.int64)),
         decoder_input_ids=torch.tensor(dec), decoder_attention_mask=torch.tensor(dec_valid),
-    )  # fmt: skip
+    )
     with torch.no_grad():
         ref_logits = model(**inputs).logits.numpy()
         ref = model.model(**inputs)
@@ -140,7 +140,7 @@ def test_dropout_is_drawn_from_the_dropout_rng():
     config = dataclasses.replace(
         BART, num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.1, attention_dropout_rate=0.1,
         activation_dropout_rate=0.1,
-    )  # fmt: skip
+    )
     variables, tokens = random_variables(config), jnp.full((2, 8), 5, jnp.int32)
 
     @jax.jit
@@ -165,7 +165,7 @@ def test_config_round_trip_and_unsupported_values_are_named():
         ("activation_function", "quick_gelu"), ("tie_word_embeddings", False), ("encoder_layerdrop", 0.1),
         ("decoder_attention_heads", 8), ("decoder_ffn_dim", 48), ("model_type", "marian"),
         ("is_encoder_decoder", False), ("static_position_embeddings", True), ("extra_pos_embeddings", 0),
-    ):  # fmt: skip
+    ):
         with pytest.raises(ValueError, match=name):
             hf_bart.from_hf_config(dict(bart, **{name: value}))
     mbart = hf_bart.to_hf_config(MBART).to_dict()

@@ -30,7 +30,7 @@ from ptmjax.convert import hf_bert  # noqa: E402
 BERT = BertConfig(
     vocab_size=101, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=24,
     dropout_rate=0.0, attention_dropout_rate=0.0,
-)  # fmt: skip
+)
 ROBERTA = dataclasses.replace(
     BERT, pad_token_id=1, positions_after_padding=True, nsp_head=False, max_length=26, layer_norm_epsilon=1e-5
 )
@@ -90,14 +90,14 @@ def test_config_round_trip_and_unsupported_values_are_named():
     for name, value in (
         ("position_embedding_type", "relative_key"), ("is_decoder", True), ("hidden_act", "quick_gelu"),
         ("tie_word_embeddings", False), ("model_type", "electra"),
-    ):  # fmt: skip
+    ):
         with pytest.raises(ValueError, match=name):
             hf_bert.from_hf_config(dict(hf, **{name: value}))
     with pytest.raises(ValueError, match="nsp_head"):
         hf_bert.build_hf_model(dataclasses.replace(ROBERTA, nsp_head=True))
     with pytest.raises(KeyError, match="seq_relationship"):
         hf_bert.hf_to_params(random_hf_model(CONFIGS["bert_mlm_odd_heads_3"]).state_dict(),
-                             dataclasses.replace(CONFIGS["bert_mlm_odd_heads_3"], nsp_head=True))  # fmt: skip
+                             dataclasses.replace(CONFIGS["bert_mlm_odd_heads_3"], nsp_head=True))
     with pytest.raises(ValueError, match="pad_token_id"):
         dataclasses.replace(BERT, pad_token_id=101)
     with pytest.raises(ValueError, match="max_length"):

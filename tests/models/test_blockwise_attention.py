@@ -133,7 +133,7 @@ def test_bfloat16_activations_compute_in_float32_and_come_back_in_bfloat16(plans
     want = np.asarray(outputs["einsum", jnp.float32])
     assert outputs["blockwise", jnp.bfloat16].dtype == jnp.bfloat16
     error = {kernel: np.abs(np.asarray(outputs[kernel, jnp.bfloat16], np.float32) - want).max() for kernel in
-             ("einsum", "blockwise")}  # fmt: skip
+             ("einsum", "blockwise")}
     assert error["blockwise"] <= 1.5 * error["einsum"], error  # bfloat16 inputs and outputs, float32 inside
     plans.assert_looped()
 
@@ -185,7 +185,7 @@ MODEL_CASES = {
     "t5_scanned_and_rematerialised": (EncoderDecoder, dataclasses.replace(T5, scan_layers=True, remat_policy="full"), {
         "encoder_input_tokens": tokens(3, SEGMENTS), "decoder_input_tokens": tokens(4, np.ones_like(SEGMENTS)),
     }),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(MODEL_CASES))
@@ -217,7 +217,7 @@ def test_cached_greedy_decoding_equals_einsum(plans, case):
         "t5": (EncoderDecoder, T5, {"encoder_input_tokens": tokens(6, SEGMENTS)},
                GenerationIds(1, 0, decoder_start_token_id=0)),
         "gpt2": (GPT2, GPT, {"decoder_input_tokens": tokens(7, np.ones((4, 4)))}, GenerationIds(1, 0, bos_token_id=0)),
-    }[case]  # fmt: skip
+    }[case]
     decoded = {}
     for kernel in ("einsum", "blockwise"):
         api = model_api(model_class(dataclasses.replace(config, attention_kernel=kernel)))

@@ -35,4 +35,4 @@ def test_dense_product_and_its_gradients_equal_float64(case, dtype):
     for got, want in ((out, want_out), (d_inputs, want_d_inputs), (d_kernel, want_d_kernel)):
         assert got.dtype == dtype and got.shape == want.shape
         np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), want, rtol=TOLERANCE[dtype],
-                                   atol=TOLERANCE[dtype] * np.abs(want).max())  # fmt: skip
+                                   atol=TOLERANCE[dtype] * np.abs(want).max())

@@ -25,7 +25,7 @@ from ptmjax.convert import hf_electra  # noqa: E402
 ELECTRA = ElectraConfig(
     vocab_size=101, embedding_size=16, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=24,
     dropout_rate=0.0, attention_dropout_rate=0.0,
-)  # fmt: skip
+)
 CASES = {  # name -> (config, role)
     "discriminator_E16_H32_heads_4": (ELECTRA, "discriminator"),
     "discriminator_no_projection_H24_heads_3": (
@@ -105,7 +105,7 @@ def test_config_round_trip_and_unsupported_values_are_named():
     for name, value in (
         ("position_embedding_type", "relative_key"), ("is_decoder", True), ("add_cross_attention", True),
         ("hidden_act", "quick_gelu"), ("model_type", "bert"), ("tie_word_embeddings", False),
-    ):  # fmt: skip
+    ):
         with pytest.raises(ValueError, match=name):
             hf_electra.from_hf_config(dict(hf, **{name: value}))
     for name, value in (("embedding_size", 32), ("num_layer_groups", 1), ("positions_after_padding", True)):

@@ -25,7 +25,7 @@ from ptmjax.models.electra import (
 DISCRIMINATOR = ElectraConfig(  # every sharded dimension divides by 2, for the (data, fsdp, tensor) = 2^3 mesh
     vocab_size=16, embedding_size=8, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_length=8,
     dropout_rate=0.0, attention_dropout_rate=0.0,
-)  # fmt: skip
+)
 CONFIG = ElectraPretrainingConfig(
     generator=dataclasses.replace(DISCRIMINATOR, d_model=8, d_ff=16),
     discriminator=DISCRIMINATOR,

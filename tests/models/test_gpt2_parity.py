@@ -24,7 +24,7 @@ from ptmjax.convert import hf_gpt2  # noqa: E402
 BASE = GPT2Config(
     vocab_size=101, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=24,
     dropout_rate=0.0, attention_dropout_rate=0.0,
-)  # fmt: skip
+)
 CONFIGS = {
     "base": BASE,
     "odd_heads_3": dataclasses.replace(BASE, d_model=24, num_heads=3, d_ff=40, num_layers=3),
@@ -103,11 +103,11 @@ def test_prefix_lm_and_packing_match_transformers_given_the_same_mask():
         ref = model(
             torch.tensor(tokens), position_ids=torch.tensor(positions),
             attention_mask=torch.tensor(np.where(mask, 0.0, -1e9), dtype=torch.float32),
-        ).logits.numpy()  # fmt: skip
+        ).logits.numpy()
     logits, _ = _run(
         config, params, tokens, decoder_segment_ids=segments, decoder_positions=positions,
         decoder_causal_attention=causal_attention,
-    )  # fmt: skip
+    )
     keep = segments > 0
     diff = np.abs(logits - ref)[keep].max()
     print(f"gpt2 prefix-LM + packing: max |logit diff| {diff:.2e}")
@@ -138,7 +138,7 @@ def test_config_round_trip_and_unsupported_values_are_named():
     for name, value in (
         ("scale_attn_by_inverse_layer_idx", True), ("add_cross_attention", True),
         ("activation_function", "quick_gelu"), ("tie_word_embeddings", False), ("scale_attn_weights", False),
-    ):  # fmt: skip
+    ):
         with pytest.raises(ValueError, match=name):
             hf_gpt2.from_hf_config(dict(hf, **{name: value}))
     with pytest.raises(ValueError, match="resid_pdrop"):

@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 BASE = T5Config(
     vocab_size=200, d_model=32, num_heads=4, head_dim=8, d_ff=48, num_encoder_layers=2, num_decoder_layers=3,
     ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0,
-)  # fmt: skip
+)
 CONFIGS = {
     "v1_0_relu_tied": BASE,
     "v1_1_gated_gelu_untied": dataclasses.replace(BASE, ffn_activations=("gelu", "linear"), tie_embeddings=False),
@@ -160,7 +160,7 @@ def test_a_transformers_5_untied_t5_saved_as_tied_and_unscaled_imports_exactly(t
     hf_config = transformers.T5Config(
         vocab_size=200, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=3, num_heads=4,
         feed_forward_proj="gated-gelu", tie_word_embeddings=False, dropout_rate=0.0,
-    )  # fmt: skip
+    )
     reference = transformers.T5ForConditionalGeneration(hf_config).eval()
     reference.save_pretrained(tmp_path / "hf")
     saved = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -173,7 +173,7 @@ def test_a_transformers_5_untied_t5_saved_as_tied_and_unscaled_imports_exactly(t
         ref = reference(
             input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc > 0, dtype=torch.long),
             decoder_input_ids=torch.tensor(dec), decoder_attention_mask=torch.tensor(dec_valid),
-        ).logits.numpy()  # fmt: skip
+        ).logits.numpy()
     ours = np.asarray(jax.jit(model.apply)({"params": params}, jnp.asarray(enc), jnp.asarray(dec)))
     diff = np.abs(ours - ref)[dec_valid.astype(bool)].max()
     print(f"transformers-5 tied, unscaled T5: max |logit diff| = {diff:.2e}")
@@ -185,5 +185,5 @@ def test_a_transformers_5_untied_t5_saved_as_tied_and_unscaled_imports_exactly(t
         again = exported(
             input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc > 0, dtype=torch.long),
             decoder_input_ids=torch.tensor(dec), decoder_attention_mask=torch.tensor(dec_valid),
-        ).logits.numpy()  # fmt: skip
+        ).logits.numpy()
     assert np.abs(again - ref)[dec_valid.astype(bool)].max() < 1e-4

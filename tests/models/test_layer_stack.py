@@ -92,7 +92,7 @@ def logits_and_grads(name: str, remat_policy: str = "none", scan_layers: bool = 
 @pytest.mark.parametrize(
     "name,remat_policy,scan_layers", [("t5", "save_dot_products", True), ("gpt2", "full", False)],
     ids=["t5_scan_remat_save_dot_products", "gpt2_remat_full"],
-)  # fmt: skip
+)
 def test_remat_and_scan_keep_logits_and_gradients(name, remat_policy, scan_layers):
     want_logits, want_grads = logits_and_grads(name)
     logits, grads = logits_and_grads(name, remat_policy, scan_layers)
@@ -104,9 +104,9 @@ def test_remat_and_scan_keep_logits_and_gradients(name, remat_policy, scan_layer
 
 
 BART = BartConfig(vocab_size=64, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=3, d_ff=32,
-                  max_length=16, pad_token_id=0, dropout_rate=0.0)  # fmt: skip
+                  max_length=16, pad_token_id=0, dropout_rate=0.0)
 ALBERT = AlbertConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=3, d_ff=32, max_length=16, embedding_size=8,
-                      num_layer_groups=1, dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+                      num_layer_groups=1, dropout_rate=0.0, attention_dropout_rate=0.0)
 ENCODER_FAMILY = {  # BART and the encoder family; ALBERT shares one layer's parameters across its 3 layers
     "bart": (Bart, BART),
     "mbart": (Bart, dataclasses.replace(BART, pre_layer_norm=True, scale_embedding=True)),
@@ -114,10 +114,10 @@ ENCODER_FAMILY = {  # BART and the encoder family; ALBERT shares one layer's par
                               dropout_rate=0.0, attention_dropout_rate=0.0)),
     "albert": (Albert, ALBERT),
     "albert_2_groups_of_2": (Albert, dataclasses.replace(ALBERT, num_layers=4, num_layer_groups=2)),
-}  # fmt: skip
+}
 SLOW_SCANS = ("mbart", "bert")  # -m slow: their scanned stacks are BART's and ALBERT's, tested by default
 ELECTRA = ElectraConfig(vocab_size=64, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16, embedding_size=8,
-                        dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+                        dropout_rate=0.0, attention_dropout_rate=0.0)
 
 
 def gradient_gap(grads, want_grads) -> float:
@@ -152,7 +152,7 @@ def encoder_family_outputs_and_grads(name: str, remat_policy: str = "none", scan
      *(pytest.param(name, "none", True, marks=[pytest.mark.slow] if name in SLOW_SCANS else [])
        for name in ENCODER_FAMILY),
      ("bart", "full", True), ("albert_2_groups_of_2", "full", True)],
-)  # fmt: skip
+)
 def test_remat_and_scan_keep_bart_and_encoder_outputs_and_gradients(name, remat_policy, scan_layers):
     want_value, want_outputs, want_grads = encoder_family_outputs_and_grads(name)
     value, outputs, grads = encoder_family_outputs_and_grads(name, remat_policy, scan_layers)
@@ -181,17 +181,17 @@ def test_joint_electra_scans_both_stacks():
     """The generator and the discriminator scan together; the joint model equals the plain one (samples too)."""
     discriminator = ELECTRA
     plain = ElectraPretrainingConfig(generator=dataclasses.replace(discriminator, d_model=8, num_heads=1),
-                                     discriminator=discriminator)  # fmt: skip
+                                     discriminator=discriminator)
     scanned = plain.with_scan_layers(True)
     assert (scanned.generator.scan_layers, scanned.discriminator.scan_layers, scanned.scan_layers) == (True,) * 3
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 64, (2, 8)), jnp.int32)
     mask = jnp.asarray(np.random.default_rng(1).random((2, 8)) < 0.3, jnp.int32)
     params = nn.unbox(jax.jit(ElectraPretraining(plain).init)(
-        {"params": jax.random.key(0), "sample": jax.random.key(1)}, tokens, tokens, mask)["params"])  # fmt: skip
+        {"params": jax.random.key(0), "sample": jax.random.key(1)}, tokens, tokens, mask)["params"])
 
     def run(config, params):
         apply = lambda p: ElectraPretraining(config).apply({"params": p}, tokens, tokens, mask,  # noqa: E731
-                                                           rngs={"sample": jax.random.key(2)})  # fmt: skip
+                                                           rngs={"sample": jax.random.key(2)})
         objective = lambda p: jnp.sum(jnp.sin(apply(p).discriminator_logits))  # noqa: E731
         return jax.jit(apply)(params), jax.jit(jax.grad(objective))(params)
 

@@ -34,7 +34,7 @@ SPECS = {
     "context": ("bhqk,bhkd->bqhd", (2, 3, 4, 5), (2, 3, 5, 8), "bqhd,bhkd->bhqk", "bhqk,bqhd->bhkd"),
     "experts": ("gecd,edf->gecf", (2, 3, 4, 8), (3, 8, 6), "gecf,edf->gecd", "gecd,gecf->edf"),
     "attend": ("...e,ve->...v", (2, 3, 8), (11, 8), "xyv,ve->xye", "xye,xyv->ve"),
-}  # fmt: skip
+}
 
 
 def bf16_normal(seed: int, shape: tuple[int, ...]) -> jax.Array:
@@ -150,7 +150,7 @@ def test_bf16_off_the_cpu_is_plain_einsum_and_dot_general(monkeypatch, platform)
     ("...a,a->a", (2, 3), (3,)),  # ellipsis summed away
     ("...a,...a->...", (2, 3), (3,)),  # ellipsis of different lengths (broadcasting)
     ("ab,bc->ac", (2, 3), (4, 5)),  # b has two sizes
-])  # fmt: skip
+])
 def test_unsupported_specs_are_refused_by_name(spec, a_shape, b_shape):
     with pytest.raises(ValueError, match=f"cannot take spec '{spec.replace('.', '[.]')}'"):
         mixed_precision.einsum(spec, jnp.ones(a_shape, jnp.bfloat16), jnp.ones(b_shape, jnp.bfloat16))
@@ -161,7 +161,7 @@ T5 = T5Config(
     ffn_activations=("gelu", "linear"), tie_embeddings=True, dropout_rate=0.0,
 )  # tied: the logits are Embed.attend
 GPT = GPT2Config(vocab_size=64, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=16, dropout_rate=0.0,
-                 attention_dropout_rate=0.0)  # fmt: skip
+                 attention_dropout_rate=0.0)
 ROWS, LENGTH = 4, 12
 
 
@@ -243,7 +243,7 @@ def moe_output_and_grads(dtype: str, x: jax.Array):
     """A top-2 MoE block (capacity path, nothing dropped) on x; its output and gradients, and the loss."""
     module = MoeBlock(4, 24, ("gelu", "linear"), top_k=2, eval_capacity_factor=4.0, dtype=jnp.dtype(dtype))
     params = jax.tree.map(lambda box: box.value, module.init(jax.random.key(0), x)["params"],
-                          is_leaf=lambda v: hasattr(v, "value"))  # fmt: skip
+                          is_leaf=lambda v: hasattr(v, "value"))
     weights = jnp.asarray(np.random.default_rng(4).standard_normal(x.shape), jnp.float32)
 
     def loss(params, x):

@@ -97,7 +97,7 @@ def test_packed_cross_attention_over_several_blocks(kernel_calls):
     encoder_tokens = jnp.where(jnp.arange(200) % 7 == 3, 0, 5) * (encoder_ids > 0)
     mask = cross_attention_mask(decoder_ids, encoder_tokens, decoder_ids, encoder_ids)
     assert_close_to_einsum(random_normal(7, (2, 130, EMBED)), random_normal(8, (2, 200, EMBED)), mask, use_bias=True,
-                           scale_logits=True)  # fmt: skip
+                           scale_logits=True)
     assert kernel_calls == [{"ab": False, "segment_ids": True, "causal": False}]
 
 
@@ -132,7 +132,7 @@ def tokens(seed: int) -> jnp.ndarray:
 def test_model_logits_equal_einsum(kernel_calls, case):
     ids = {"segment_ids": jnp.asarray(SEGMENTS, jnp.int32), "positions": jnp.asarray(POSITIONS, jnp.int32)}
     gpt2 = {"decoder_input_tokens": tokens(2), "decoder_segment_ids": ids["segment_ids"],
-            "decoder_positions": ids["positions"]}  # fmt: skip
+            "decoder_positions": ids["positions"]}
     model, config, batch = {
         "t5_packed": (EncoderDecoder, T5, dict(
             encoder_input_tokens=tokens(0), decoder_input_tokens=tokens(1), encoder_segment_ids=ids["segment_ids"],
@@ -144,7 +144,7 @@ def test_model_logits_equal_einsum(kernel_calls, case):
             gpt2, decoder_causal_attention=jnp.asarray((POSITIONS < 2) * (SEGMENTS > 0), jnp.int32)
         )),
         "gpt2_prefix_tuned_packed": (lambda config: prefix_tuning(GPT2(config), length=3, hidden=None), GPT, gpt2),
-    }[case]  # fmt: skip
+    }[case]
     logits = {}
     for kernel in ("einsum", "pallas_tpu_flash"):
         module = model(dataclasses.replace(config, attention_kernel=kernel))

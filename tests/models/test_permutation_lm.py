@@ -9,7 +9,7 @@ from ptmjax.models import GPT2Config, PermutationLM
 CONFIG = GPT2Config(
     vocab_size=64, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=16,
     dropout_rate=0.0, attention_dropout_rate=0.0,
-)  # fmt: skip
+)
 
 
 def test_predictions_depend_exactly_on_the_earlier_tokens_of_the_order():

@@ -88,6 +88,6 @@ def test_encoder_packing_alone(t5_config, t5_variables):
     encoded = model.apply(
         variables, jnp.asarray(packed["encoder_input_tokens"]), jnp.asarray(packed["encoder_segment_ids"]),
         method=EncoderDecoder.encode,
-    )  # fmt: skip
+    )
     encoded_b = model.apply(variables, jnp.asarray(alone(b)["encoder_input_tokens"]), method=EncoderDecoder.encode)
     np.testing.assert_allclose(np.asarray(encoded)[0, 9:20], np.asarray(encoded_b)[0, :11], atol=1e-5, rtol=1e-5)

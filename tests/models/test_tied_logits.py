@@ -24,4 +24,4 @@ def test_tied_logits_and_their_gradients_equal_float64_products(dtype):
     assert d_query.shape == query.shape and d_table.shape == table.shape
     for got, want in ((logits, q @ t.T), (d_query, c @ t), (d_table, np.einsum("bte,btv->ve", q, c))):
         np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), want, rtol=TOLERANCE[dtype],
-                                   atol=TOLERANCE[dtype] * np.abs(want).max())  # fmt: skip
+                                   atol=TOLERANCE[dtype] * np.abs(want).max())

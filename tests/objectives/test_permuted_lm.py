@@ -45,7 +45,7 @@ def test_orders_are_uniform():
     out = run(
         lambda ds: permuted_lm.permuted_lm(ds, {"inputs": 3}, features(add_eos=False)),
         [np.arange(10, 10 + 3 * 3000)], seed=1,
-    )  # fmt: skip
+    )
     counts = {perm: 0 for perm in itertools.permutations(range(3))}
     for x in out:
         counts[tuple(int(r) for r in x["permutation_rank"])] += 1

@@ -32,7 +32,7 @@ def pairs(documents, kind: str, seed: int = 1, **kwargs):
             ds, {"inputs": LENGTH}, features(), kind=kind, sentence_end_ids=[END], **kwargs
         ),
         documents, seed,
-    )  # fmt: skip
+    )
 
 
 def segments(x) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ from ptmjax.training.trainer import Trainer
 CONFIG = T5Config(
     vocab_size=2176, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=1,
     num_decoder_layers=1, ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.1,
-)  # fmt: skip
+)
 
 
 def run(model_dir, num_steps: int, **settings) -> TrainResult:
@@ -26,7 +26,7 @@ def run(model_dir, num_steps: int, **settings) -> TrainResult:
     return train(
         str(model_dir), model=EncoderDecoder(CONFIG), task_feature_lengths={"inputs": 32, "targets": 8},
         batch_size=8, num_steps=num_steps, show_progress=False, **settings,
-    )  # fmt: skip
+    )
 
 
 def poison_steps(monkeypatch, steps: set[int]) -> None:

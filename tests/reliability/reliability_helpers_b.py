@@ -11,7 +11,7 @@ from ptmjax.training.run import train
 CONFIG = T5Config(
     vocab_size=2176, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=1,
     num_decoder_layers=1, ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.0,
-)  # fmt: skip
+)
 
 
 def run(model_dir, num_steps, config=CONFIG, **options):
@@ -20,7 +20,7 @@ def run(model_dir, num_steps, config=CONFIG, **options):
     return train(
         str(model_dir), model=EncoderDecoder(config), task_feature_lengths={"inputs": 32, "targets": 8},
         batch_size=8, num_steps=num_steps, **{**settings, **options},
-    )  # fmt: skip
+    )
 
 
 def records(model_dir):

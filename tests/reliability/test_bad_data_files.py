@@ -11,7 +11,7 @@ from ptmjax.training.run import train
 CONFIG = T5Config(
     vocab_size=2176, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=1,
     num_decoder_layers=1, ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.0,
-)  # fmt: skip
+)
 LENGTHS = {"inputs": 32, "targets": 8}
 TEXT = "Every line of this file is one short document about reading text files.\n" * 200
 
@@ -29,7 +29,7 @@ def test_an_empty_training_file_stops_the_run_before_any_step_naming_it(tmp_path
     model_dir = tmp_path / "run"
     with pytest.raises(ValueError, match=f"^the 'train' files hold no text \\(empty or blank\\): {empty}; point"):
         train(str(model_dir), model=EncoderDecoder(CONFIG), mixture_or_task_name=task, task_feature_lengths=LENGTHS,
-              batch_size=8, num_steps=2, show_progress=False)  # fmt: skip
+              batch_size=8, num_steps=2, show_progress=False)
     assert not any((model_dir / "checkpoints").glob("*"))  # no checkpoint (the split check runs first)
     assert not (model_dir / "metrics.jsonl").exists() or not (model_dir / "metrics.jsonl").read_text()
 

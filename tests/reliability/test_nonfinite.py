@@ -72,7 +72,7 @@ def test_the_skip_policy_stops_after_too_many_nan_steps_in_a_row():
 @pytest.mark.parametrize("policy,message", [
     ({"action": "ignore"}, "NonFinitePolicy.action='ignore' is unknown; use 'stop' or 'skip'"),
     ({"max_consecutive_skips": 0}, "NonFinitePolicy.max_consecutive_skips=0 must be a positive integer"),
-])  # fmt: skip
+])
 def test_a_bad_policy_is_a_clear_error(policy, message):
     with pytest.raises(ValueError, match="^" + re.escape(message)):
         NonFinitePolicy(**policy)

@@ -18,7 +18,7 @@ def start(model_dir) -> subprocess.Popen:
         f"train.num_steps = {NUM_STEPS}", "train.batch_size = 8", "train.log_every = 1", "train.eval_every = 1000",
         "train.eval_batches = 1", "train.checkpoint_every = 10", "train.show_progress = False",
         "train.task_feature_lengths = {'inputs': 32, 'targets': 8}",
-    ]  # fmt: skip
+    ]
     command = [sys.executable, "-m", "ptmjax.train", "--gin_file=runs/demo.gin", f"--model_dir={model_dir}"]
     command += [f"--gin_bindings={b}" for b in bindings]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

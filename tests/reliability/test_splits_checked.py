@@ -61,7 +61,7 @@ def test_a_validation_source_that_yields_nothing_fails_before_any_step(tmp_path,
     def documents(split, shuffle_files=False):
         return tf.data.Dataset.from_tensor_slices({"text": LINES.splitlines() if split == "train" else [""]}).filter(
             lambda example: tf.strings.length(example["text"]) > 0
-        )  # fmt: skip
+        )
 
     name = "reliability_b_empty_source"
     source = seqio.FunctionDataSource(documents, splits=("train", "validation"))
@@ -114,7 +114,7 @@ def test_the_validation_check_reads_the_whole_split_not_this_hosts_shard(tmp_pat
 
     def second_hosts_shard():
         return pipeline.get_dataset(task.name, "validation", lengths, 4, seed=0, shuffle=False, num_epochs=1,
-                                    shard_index=1, num_shards=2, pad_final_batch=True)  # fmt: skip
+                                    shard_index=1, num_shards=2, pad_final_batch=True)
 
     check_run_splits(task.name)  # passes: the split has an example
     assert list(second_hosts_shard().as_numpy_iterator()) == []  # though not in that host's shard

@@ -26,7 +26,7 @@ T5_UNTIED = T5Config(
 T5_TIED = dataclasses.replace(T5_UNTIED, ffn_activations=("relu",), tie_embeddings=True)
 GPT = GPT2Config(vocab_size=VOCAB, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16, dropout_rate=0.1)
 BART = BartConfig(vocab_size=VOCAB, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=32,
-                  max_length=16, pad_token_id=0, dropout_rate=0.1)  # fmt: skip
+                  max_length=16, pad_token_id=0, dropout_rate=0.1)
 PLAIN = LossConfig(z_loss=1e-2, label_smoothing=0.1)
 
 
@@ -40,14 +40,14 @@ def packed_batch(model, seed: int = 0) -> dict[str, jax.Array]:
     batch = {
         "decoder_input_tokens": inputs, "decoder_target_tokens": targets, "decoder_loss_weights": segments > 0,
         "decoder_segment_ids": segments, "decoder_positions": positions,
-    }  # fmt: skip
+    }
     if isinstance(model, GPT2):
         batch["decoder_causal_attention"] = (positions < 2) * (segments > 0)
     else:
         batch.update(
             encoder_input_tokens=rng.integers(1, VOCAB, (ROWS, LENGTH)) * (segments > 0),
             encoder_segment_ids=segments, encoder_positions=positions,
-        )  # fmt: skip
+        )
     return {name: jnp.asarray(value, jnp.int32) for name, value in batch.items()}
 
 
@@ -66,7 +66,7 @@ def loss_and_grads(model, loss_config: LossConfig, seed: int = 0):
 
 
 @pytest.mark.parametrize("model", [EncoderDecoder(T5_UNTIED), EncoderDecoder(T5_TIED), Bart(BART), GPT2(GPT)],
-                         ids=["t5_untied", "t5_tied", "bart", "gpt2_prefix_lm"])  # fmt: skip
+                         ids=["t5_untied", "t5_tied", "bart", "gpt2_prefix_lm"])
 @pytest.mark.parametrize("chunk_size", [1, 4])  # 4 pads the length 6 to 8
 def test_chunked_loss_and_gradients_equal_the_plain_ones(model, chunk_size):
     (want, want_metrics), want_grads = loss_and_grads(model, PLAIN)
@@ -111,7 +111,7 @@ def one_sgd_step(model, loss_config: LossConfig, mesh_config: MeshConfig, single
 
 # -m slow: GPT-2's chunked loss is the same function; its unsharded gradients are compared above
 @pytest.mark.parametrize("model", [EncoderDecoder(T5_UNTIED), pytest.param(GPT2(GPT), marks=pytest.mark.slow)],
-                         ids=["t5", "gpt2"])  # fmt: skip
+                         ids=["t5", "gpt2"])
 def test_sharded_chunked_step_equals_the_plain_step_on_one_device(model):
     want_params, want_metrics = one_sgd_step(model, PLAIN, MeshConfig(), single_device=True)
     chunked = dataclasses.replace(PLAIN, logits_chunk_size=4)

@@ -23,7 +23,7 @@ from ptmjax.training.trainer import Trainer
 CONFIG = BertConfig(
     vocab_size=96, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_length=24,
     dropout_rate=0.0, attention_dropout_rate=0.0,
-)  # fmt: skip
+)
 BATCH, LENGTH, STEPS, LR = 8, 16, 3, 0.01
 
 

@@ -33,7 +33,7 @@ def test_family_trains_with_its_native_objective(tmp_path, run_file):
         f"train.task_feature_lengths = {lengths}", "train.batch_size = 8", "train.num_steps = 40",
         "train.log_every = 10", "train.eval_every = 40", "train.eval_batches = 2", "train.checkpoint_every = 40",
         "train.show_progress = False", "warmup_cosine.warmup_steps = 5", "warmup_cosine.total_steps = 40",
-    ]  # fmt: skip
+    ]
     gin_files.parse_gin([run_file], bindings)
     try:
         result = run.train(str(tmp_path))

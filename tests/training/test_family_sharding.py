@@ -45,7 +45,7 @@ def model_and_batch(run_file: str):
     dataset = pipeline.get_dataset(
         task, "validation", lengths, BATCH, seed=0, shuffle=False, pack=pack,
         feature_converter=family_of(model).feature_converter,
-    )  # fmt: skip
+    )
     return model, next(dataset.as_numpy_iterator())
 
 
@@ -65,7 +65,7 @@ def train(run_file: str, mesh_config: MeshConfig, single_device: bool = False):
 
 # ELECTRA's joint model runs with -m slow: its generator and discriminator are the BERT-family layers the others cover.
 @pytest.mark.parametrize("run_file", [pytest.param(f, marks=pytest.mark.slow) if "electra" in f else f
-                                      for f in sorted(FAMILIES)])  # fmt: skip
+                                      for f in sorted(FAMILIES)])
 def test_sharded_step_equals_single_device(run_file):
     _, names = FAMILIES[run_file]
     want_params, want_metrics = train(run_file, MeshConfig(), single_device=True)

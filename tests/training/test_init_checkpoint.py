@@ -64,7 +64,7 @@ def test_init_checkpoint_of_another_model_names_the_mismatch(tmp_path):
 
 
 T5_TIED = T5Config(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_encoder_layers=2,
-                   num_decoder_layers=2, ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0)  # fmt: skip
+                   num_decoder_layers=2, ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0)
 T5_UNTIED = dataclasses.replace(T5_TIED, tie_embeddings=False)  # adds decoder/logits_dense
 
 
@@ -111,7 +111,7 @@ def test_a_shared_parameter_of_another_shape_is_named(tmp_path):
     t5_folder(tmp_path / "untied", T5_UNTIED)
     trainer = trainer_for(EncoderDecoder(dataclasses.replace(T5_UNTIED, vocab_size=72)))
     with pytest.raises(ValueError, match=r"other shapes: decoder/logits_dense/kernel: checkpoint \(16, 64\), model "
-                                         r"\(16, 72\); token_embedder"):  # fmt: skip
+                                         r"\(16, 72\); token_embedder"):
         initial_params(str(tmp_path / "untied"), trainer, jax.random.key(1))
 
 

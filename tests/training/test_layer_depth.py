@@ -18,7 +18,7 @@ T5 = EncoderDecoder(T5Config(vocab_size=64, d_model=16, num_heads=2, head_dim=8,
                              num_decoder_layers=3, ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0))
 # A tree with one leaf per depth of a 2-layer encoder: embeddings 0, layers 1 and 2, head 3.
 TREE = {"embeddings": {"w": jnp.ones(2)}, "layers_0": {"w": jnp.ones(2)}, "layers_1": {"w": jnp.ones(2)},
-        "head": {"w": jnp.ones(2)}}  # fmt: skip
+        "head": {"w": jnp.ones(2)}}
 
 
 def depth_by_path(module) -> dict[str, int]:
@@ -54,7 +54,7 @@ def test_gradual_unfreezing_opens_one_depth_every_n_steps():
         updates, state = tx.update(TREE, state, TREE)
         moved.append(sorted(path.split("/")[0] for path, u in leaves_by_path(updates) if np.any(u != 0)))
     assert moved == [["head"]] * 2 + [["head", "layers_1"]] * 2 + [["head", "layers_0", "layers_1"]] * 2 + [
-        ["embeddings", "head", "layers_0", "layers_1"]] * 2  # fmt: skip
+        ["embeddings", "head", "layers_0", "layers_1"]] * 2
 
 
 def test_frozen_depths_keep_adamw_from_decaying_them():
@@ -65,7 +65,7 @@ def test_frozen_depths_keep_adamw_from_decaying_them():
 
 
 @pytest.mark.parametrize(("step", "rate"), [(0, 1 / 32), (5, 16.5 / 32), (10, 1.0), (55, 16.5 / 32), (100, 1 / 32),
-                                            (150, 1 / 32)])  # fmt: skip
+                                            (150, 1 / 32)])
 def test_slanted_triangular_schedule(step, rate):
     """ULMFiT's formula with T = 100, cut_frac = 0.1, ratio = 32: p = t / 10, then 1 - (t - 10) / 90."""
     schedule = slanted_triangular(peak_learning_rate=1.0, total_steps=100, cut_fraction=0.1, ratio=32.0)

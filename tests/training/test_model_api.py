@@ -80,7 +80,7 @@ def test_mlm_score_is_the_pseudo_log_likelihood_of_the_masked_positions():
     batch = {
         "input_tokens": jnp.asarray(inputs, jnp.int32), "target_tokens": jnp.asarray(targets, jnp.int32),
         "loss_mask": jnp.asarray(mask), "sentence_label": jnp.zeros((2,), jnp.int32),
-    }  # fmt: skip
+    }
     log_probs = log_softmax64(Bert(BERT).apply({"params": params}, batch["input_tokens"]).mlm_logits)
     want = [log_probs[0, 1, targets[0, 1]] + log_probs[0, 4, targets[0, 4]], log_probs[1, 2, targets[1, 2]]]
     np.testing.assert_allclose(api.score(params, batch), want, rtol=1e-5)

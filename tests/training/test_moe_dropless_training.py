@@ -19,7 +19,7 @@ from ptmjax.training.trainer import Trainer
 
 ROWS, LENGTH, VOCAB = 8, 8, 64
 MOE = dict(num_experts=8, moe_every=1, moe_dropless=True, moe_load_balancing_loss_weight=0.1,
-           moe_router_z_loss_weight=0.01, dropout_rate=0.0)  # fmt: skip
+           moe_router_z_loss_weight=0.01, dropout_rate=0.0)
 MODELS = {
     "t5_top1": EncoderDecoder(T5Config(
         vocab_size=VOCAB, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_encoder_layers=1, num_decoder_layers=1,
@@ -29,10 +29,10 @@ MODELS = {
         vocab_size=VOCAB, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_length=LENGTH,
         attention_dropout_rate=0.0, moe_top_k=2, **MOE,
     )),
-}  # fmt: skip
+}
 # Capacity = every token of a row (8 tokens x top-2 x 4.0 / 8 experts): the capacity-based layer drops nothing.
 MODELS["gpt2_top2_capacity"] = GPT2(dataclasses.replace(MODELS["gpt2_top2"].config, moe_dropless=False,
-                                                        moe_train_capacity_factor=4.0))  # fmt: skip
+                                                        moe_train_capacity_factor=4.0))
 
 
 def batch_for(model) -> dict[str, np.ndarray]:
@@ -41,7 +41,7 @@ def batch_for(model) -> dict[str, np.ndarray]:
     batch = {
         "decoder_input_tokens": np.roll(targets, 1, axis=1) * (np.arange(LENGTH) > 0),
         "decoder_target_tokens": targets, "decoder_loss_weights": np.ones_like(targets),
-    }  # fmt: skip
+    }
     if isinstance(model, EncoderDecoder):
         batch["encoder_input_tokens"] = rng.integers(2, VOCAB, (ROWS, LENGTH)).astype(np.int32)
     return batch

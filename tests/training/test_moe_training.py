@@ -101,7 +101,7 @@ def train(mesh_config: MeshConfig, single_device: bool = False, num_microbatches
     model = model_of(config)
     trainer = Trainer(
         model, optax.sgd(LR), lambda _: LR, mesh, mesh_config.rules, LossConfig(z_loss=0.0), num_microbatches,
-    )  # fmt: skip
+    )
     host = lambda params: unscan(jax.device_get(params), config) if config.scan_layers else jax.device_get(params)  # noqa: E731
     if config.scan_layers:  # the plain single-device run's initial parameters, in the scanned layout
         plain = train(MeshConfig(), True, 1, dataclasses.replace(config, scan_layers=False, remat_policy="none"))
@@ -145,7 +145,7 @@ GPT2_SCANNED = dataclasses.replace(GPT2_CONFIG, scan_layers=True, remat_policy="
         ("fsdp_tp_ep", 1, GPT2_SCANNED),
     ],
     ids=["ep", "data2_expert4_microbatches2", "fsdp_tp_ep", "gpt2_scan_remat_fsdp_tp_ep"],
-)  # fmt: skip
+)
 def test_expert_parallel_run_matches_single_device(mesh, num_microbatches, config):
     """(data=2, expert=4) also accumulates 2 microbatches: rows are routing groups, so it equals one batch."""
     mesh_config = mesh_preset(mesh) if isinstance(mesh, str) else mesh

@@ -14,7 +14,7 @@ from ptmjax.training.optimizers import adamw
 from ptmjax.training.trainer import Trainer
 
 CONFIG = GPT2Config(vocab_size=64, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=16,
-                    dropout_rate=0.0, attention_dropout_rate=0.0)  # fmt: skip
+                    dropout_rate=0.0, attention_dropout_rate=0.0)
 BAD_STEP = 1
 
 
@@ -24,7 +24,7 @@ def batch(step: int, poisoned: bool) -> dict[str, np.ndarray]:
     if poisoned:
         weights[0, 0] = np.nan  # a NaN loss and gradient
     return {"decoder_input_tokens": np.roll(tokens, 1, axis=1), "decoder_target_tokens": tokens,
-            "decoder_loss_weights": weights}  # fmt: skip
+            "decoder_loss_weights": weights}
 
 
 def test_a_non_finite_step_keeps_the_state_and_the_steps_around_it_train():
@@ -33,7 +33,7 @@ def test_a_non_finite_step_keeps_the_state_and_the_steps_around_it_train():
 
     mesh_config = MeshConfig()
     trainer = Trainer(GPT2(CONFIG), adamw(schedule, max_grad_norm=None), schedule,
-                      partitioning.make_mesh(mesh_config), mesh_config.rules, LossConfig(z_loss=0.0))  # fmt: skip
+                      partitioning.make_mesh(mesh_config), mesh_config.rules, LossConfig(z_loss=0.0))
     state = trainer.init_state(jax.random.key(0))
     states, finite = [jax.device_get(state)], []
     for step in range(3):

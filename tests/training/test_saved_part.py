@@ -17,7 +17,7 @@ from ptmjax.tree_paths import leaves_by_path, shapes_by_path
 CONFIG = T5Config(
     vocab_size=2176, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=1,
     num_decoder_layers=1, ffn_activations=("gelu", "linear"), tie_embeddings=False, dropout_rate=0.0,
-)  # fmt: skip
+)
 DECODER = ("decoder/.*",)
 
 
@@ -26,7 +26,7 @@ def run(model_dir, num_steps, **options):
     return train(
         str(model_dir), model=EncoderDecoder(CONFIG), task_feature_lengths={"inputs": 32, "targets": 8},
         batch_size=8, num_steps=num_steps, **{**settings, **options},
-    )  # fmt: skip
+    )
 
 
 def params_of(model_dir) -> dict[str, np.ndarray]:
@@ -54,7 +54,7 @@ def test_checkpoints_hold_the_trained_parameters_and_the_base_the_rest(whole, ba
         assert json.load(f) == {"model_dir": str(base), "step": 2}
     saved = shapes_by_path(folder.state_metadata()["params"])
     assert saved.keys() == {p for p in shapes_by_path(model_api(EncoderDecoder(CONFIG)).abstract_params)
-                            if p.startswith("decoder/")}  # fmt: skip
+                            if p.startswith("decoder/")}
     got, base_params = params_of(folder.path), params_of(base)
     assert got.keys() == base_params.keys()
     for path, value in got.items():

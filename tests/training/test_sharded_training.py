@@ -67,14 +67,14 @@ def unpacked_batch(seed: int = 1) -> dict[str, np.ndarray]:
     return {
         "encoder_input_tokens": tokens(INPUTS), "decoder_input_tokens": np.roll(targets, 1, axis=1) * (targets > 0),
         "decoder_target_tokens": targets, "decoder_loss_weights": (targets > 0).astype(np.int32),
-    }  # fmt: skip
+    }
 
 
 @functools.lru_cache(maxsize=None)
 def train(
     mesh_config: MeshConfig, single_device: bool = False, num_microbatches: int = 1, dtype: str = "float32",
     attention_kernel: str = "einsum", packed: bool = True,
-):  # fmt: skip
+):
     """Runs STEPS steps; cached, since each distinct run costs a compile."""
     mesh = partitioning.make_mesh(mesh_config, jax.devices()[:1] if single_device else None)
     schedule = rsqrt_with_warmup(peak_learning_rate=0.01, warmup_steps=10)
@@ -194,3 +194,16 @@ def test_gpt2_sharded_matches_single_device():
     state, losses = run_gpt2(MESHES["dp_fsdp_tp"])
     assert losses[-1] < losses[0]
     assert_same_run(state, losses, jax.device_get(want_state.params), want_losses)
+
+
+def test_a_mesh_with_a_new_axis_and_a_rule_for_it_trains_like_one_device(single_device):
+    """A mesh axis that is only data (MeshConfig.axes) and a rule: the mlp dimension split over 'tensor' and a
+    new 'stage' axis, on (data=2, fsdp=2, stage=2), equals one device's run."""
+    rules = tuple((name, ("tensor", "stage")) if name in ("mlp", "activation_mlp") else (name, axes)
+                  for name, axes in partitioning.DEFAULT_RULES)
+    config = MeshConfig(axes={"data": 2, "fsdp": 2, "tensor": 1, "expert": 1, "stage": 2}, rules=rules)
+    trainer, state, losses = train(config)
+    assert_same_run(state, losses, *single_device)
+    assert_laid_out_by_rules(trainer, state)
+    wi = state.params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
+    assert wi.sharding.spec[-1] == ("tensor", "stage") and wi.addressable_shards[0].data.shape[-1] == CONFIG.d_ff // 2

@@ -60,7 +60,7 @@ def two_processes(tmp_path_factory):
     reports = []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=folder, capture_output=True, text=True,
-                             timeout=600)  # fmt: skip
+                             timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
         line = next(line for line in out.stdout.splitlines() if line.startswith("REPORT"))
         reports.append(json.loads(line.removeprefix("REPORT")))
@@ -108,7 +108,7 @@ def tiny_step_loss(prelude: str) -> list[str]:
     """The LOSS line of TINY_STEP run in a fresh process after `prelude`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     out = subprocess.run([sys.executable, "-c", prelude + TINY_STEP], env={**env, "PYTHONPATH": REPO},
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return [line for line in out.stdout.splitlines() if line.startswith("LOSS")]
 
@@ -121,7 +121,7 @@ def test_the_model_and_its_train_step_need_neither_tensorflow_nor_seqio():
 
 
 DEMOS = sorted(os.path.relpath(path, os.path.join(REPO, "gin_configs"))
-               for path in glob.glob(os.path.join(REPO, "gin_configs", "runs", "*demo.gin")))  # fmt: skip
+               for path in glob.glob(os.path.join(REPO, "gin_configs", "runs", "*demo.gin")))
 
 
 @pytest.mark.parametrize("run_file", DEMOS)
@@ -141,7 +141,7 @@ def test_the_abstract_batch_is_the_pipelines_first_batch_on_the_devices(run_file
         dataset = prepared_run.run_dataset(gin.query_parameter("train.mixture_or_task_name"), "train",
                                            spec.task_feature_lengths, spec.batch_size,
                                            trainer.api.family.feature_converter, seed=0, pack=spec.pack,
-                                           shuffle=True)  # fmt: skip
+                                           shuffle=True)
         batch = partitioning.global_batch(next(dataset.as_numpy_iterator()), mesh)
         abstract = spec.abstract_batch(trainer.batch_sharding)
     finally:

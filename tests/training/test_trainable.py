@@ -36,20 +36,20 @@ MOMENTUM_SGD = optax.sgd(0.5, momentum=0.9)
 def batch(step: int) -> dict[str, np.ndarray]:
     tokens = np.random.default_rng(step).integers(2, 64, (8, 12)).astype(np.int32)
     return {"decoder_input_tokens": np.roll(tokens, 1, axis=1), "decoder_target_tokens": tokens,
-            "decoder_loss_weights": np.ones_like(tokens)}  # fmt: skip
+            "decoder_loss_weights": np.ones_like(tokens)}
 
 
 def train(config: GPT2Config, trainable, initial, tx, steps: int = 3, batches=batch):
     """`steps` steps of `tx` on the (data=2, fsdp=2, tensor=2) mesh from the unscanned `initial` parameters."""
     trainer = Trainer(GPT2(config), tx, lambda _: LR, partitioning.make_mesh(MESH), MESH.rules,
-                      LossConfig(z_loss=0.0), trainable=trainable)  # fmt: skip
+                      LossConfig(z_loss=0.0), trainable=trainable)
     params = scan(initial, config) if config.scan_layers else initial
     state = jax.device_put(TrainState(step=np.zeros((), np.int32), params=params, opt_state=trainer.tx.init(params)),
-                           trainer.state_shardings)  # fmt: skip
+                           trainer.state_shardings)
     losses = []
     for step in range(steps):
         state, metrics = trainer.train_step(state, partitioning.global_batch(batches(step), trainer.mesh),
-                                            jax.random.key(1))  # fmt: skip
+                                            jax.random.key(1))
         losses.append(float(metrics["loss"]))
     params = jax.device_get(state.params)
     return (unscan(params, config) if config.scan_layers else params), state.opt_state, losses
@@ -108,4 +108,4 @@ def test_sharded_frozen_training_equals_the_single_device_reference(initial, sca
 def test_a_pattern_that_matches_nothing_is_named():
     with pytest.raises(ValueError, match=r"patterns \['.*/lora_a'\] match no parameter path"):
         Trainer(GPT2(PLAIN), optax.adamw(LR), lambda _: LR, partitioning.make_mesh(MESH), MESH.rules,
-                trainable=[".*/bias", ".*/lora_a"])  # fmt: skip
+                trainable=[".*/bias", ".*/lora_a"])

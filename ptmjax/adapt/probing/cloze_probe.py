@@ -99,7 +99,7 @@ class ClozeRanker:
         """float32 [n, vocab] at the blanks of `clozes`."""
         if not clozes.rows:
             raise ValueError(f"none of the {clozes.total} clozes has a single-token answer in this model's vocabulary "
-                             "within its length; probe with other clozes")  # fmt: skip
+                             "within its length; probe with other clozes")
         length, out = max(len(row) for row in clozes.rows), []
         starts = range(0, len(clozes.rows), batch_size)
         for start, batch in zip(starts, batches(clozes.rows, length, self.pad_id, batch_size), strict=True):

@@ -36,7 +36,7 @@ def labelled_texts(task_name: str, split: str) -> list[tuple[str, int]]:
     for example in dataset.as_numpy_iterator():
         if "inputs" not in example or "label" not in example:
             raise ValueError(f"{task_name} gives {sorted(example)}, not an 'inputs' text and a 'label'; probe a "
-                             f"classification task such as {DEFAULT_TASK}")  # fmt: skip
+                             f"classification task such as {DEFAULT_TASK}")
         examples.append((example["inputs"].decode("utf-8"), int(example["label"])))
     if not examples:
         raise ValueError(f"the {split!r} split of {task_name} has no examples")
@@ -64,14 +64,14 @@ class ProbeRow:
 def probe_layers(
     train: np.ndarray, train_labels: np.ndarray, validation: np.ndarray, validation_labels: np.ndarray,
     regularization: float = 1.0,
-) -> list[ProbeRow]:  # fmt: skip
+) -> list[ProbeRow]:
     """train [layers + 1, n, d] and validation [layers + 1, m, d] features -> one row per layer."""
     rows = []
     for layer in range(train.shape[0]):
         probe = make_pipeline(StandardScaler(), LogisticRegression(C=regularization, max_iter=2000))
         probe.fit(train[layer], train_labels)
         rows.append(ProbeRow(layer, 100.0 * probe.score(train[layer], train_labels),
-                             100.0 * probe.score(validation[layer], validation_labels)))  # fmt: skip
+                             100.0 * probe.score(validation[layer], validation_labels)))
     return rows
 
 
@@ -105,7 +105,7 @@ def probe_task(
     """Probes of every layer on `task_name` (train -> validation) and the majority-class accuracy."""
     splits = {split: labelled_texts(task_name, split) for split in ("train", "validation")}
     features = {split: pooled_features(reader, [encode(text) for text, _ in examples], length, batch_size)
-                for split, examples in splits.items()}  # fmt: skip
+                for split, examples in splits.items()}
     labels = {split: np.array([label for _, label in examples]) for split, examples in splits.items()}
     rows = probe_layers(features["train"], labels["train"], features["validation"], labels["validation"])
     return rows, majority_accuracy(labels["train"], labels["validation"])

@@ -19,7 +19,7 @@ from ptmjax.adapt.probing.scalar_mix import MixClassifier
 def fit_mix_classifier(
     layers: np.ndarray, valid: np.ndarray, labels: np.ndarray, num_classes: int, steps: int = 100,
     learning_rate: float = 0.05, layer_norm: bool = False, seed: int = 0,
-) -> tuple[Any, np.ndarray]:  # fmt: skip
+) -> tuple[Any, np.ndarray]:
     """layers [n, b, s, d], valid bool [b, s], labels int [b] -> (the head's parameters, loss before each step)."""
     head = MixClassifier(layers.shape[0], num_classes, layer_norm)
     layers, valid, labels = jnp.asarray(layers, jnp.float32), jnp.asarray(valid), jnp.asarray(labels)

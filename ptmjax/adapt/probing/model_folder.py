@@ -29,7 +29,7 @@ def read_model_folder(path: str, step: int | None = None) -> FrozenModel:
     folder = ModelDir(os.path.abspath(os.path.expanduser(path)))
     if not os.path.isfile(folder.config_path):
         raise FileNotFoundError(f"{folder.path} has no {CONFIG_FILE}; pass a `ptmjax train` run or a `ptmjax convert "
-                                "--from-hf` import")  # fmt: skip
+                                "--from-hf` import")
     module, _ = gin_files.read_model_config(folder)
     params = folder.read_params(model_api(module).abstract_params, step=step)
     module, params = plain_model(module, params)

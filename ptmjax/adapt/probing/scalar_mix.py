@@ -32,7 +32,7 @@ class ScalarMix(nn.Module):
     def __call__(self, layers: Array, valid: Array | None = None) -> Array:
         if layers.shape[0] != self.num_representations:
             raise ValueError(f"ScalarMix of {self.num_representations} representations got {layers.shape[0]} "
-                             "(the leading axis of layers); build it with num_representations=layers + 1")  # fmt: skip
+                             "(the leading axis of layers); build it with num_representations=layers + 1")
         weights = jax.nn.softmax(self.param("weights", nn.initializers.zeros, (self.num_representations,)))
         gamma = self.param("gamma", nn.initializers.ones, ())
         if self.layer_norm:

@@ -59,7 +59,7 @@ class TextRows:
         if getattr(self.vocabulary, "extra_ids", 0) > 0:
             return self.vocabulary.vocab_size - 1
         raise ValueError(f"{self.vocabulary} has neither a [MASK] / <mask> token nor sentinels (<extra_id_0>); "
-                         "cloze probing needs a model folder whose tokenizer has one")  # fmt: skip
+                         "cloze probing needs a model folder whose tokenizer has one")
 
 
 @dataclasses.dataclass(frozen=True)

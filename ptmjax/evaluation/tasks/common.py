@@ -13,7 +13,7 @@ from ptmjax.data.without_autograph import without_autograph
 
 DEFAULT_PREFIX = "ptmjax_"
 TEXT_PREPROCESSORS = (without_autograph(seqio.preprocessors.tokenize), seqio.CacheDatasetPlaceholder(),
-                      without_autograph(seqio.preprocessors.append_eos_after_trim))  # fmt: skip
+                      without_autograph(seqio.preprocessors.append_eos_after_trim))
 
 
 def register_task(
@@ -31,7 +31,7 @@ def register_task(
         name, source=source, output_features=tasks.output_features(vocabulary),
         preprocessors=[*([text_preprocessor] if text_preprocessor else []), *TEXT_PREPROCESSORS],
         metric_fns=list(metric_fns), postprocess_fn=postprocess_fn,
-    )  # fmt: skip
+    )
 
 
 def tfds_source(tfds_name: str, splits: Mapping[str, str] | Sequence[str] | None = None) -> seqio.TfdsDataSource:

@@ -52,7 +52,7 @@ BENCHMARKS: dict[str, tuple[tuple[str, ...] | None, tuple]] = {
     "wnli": (("not_entailment", "entailment"), (metrics.accuracy,)),
 }
 TRAIN_EXAMPLES = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "qqp": 363846, "stsb": 5749, "mnli": 392702,
-                  "qnli": 104743, "rte": 2490, "wnli": 635}  # fmt: skip
+                  "qnli": 104743, "rte": 2490, "wnli": 635}
 
 
 def glue_preprocessor(benchmark_name: str, label_names: Sequence[str], feature_names: Sequence[str] | None = None):
@@ -69,7 +69,7 @@ def glue_preprocessor(benchmark_name: str, label_names: Sequence[str], feature_n
         for key in keys:
             parts += [f"{key}:", x[key]]
         return {"inputs": tf.strings.join(parts, separator=" "), "targets": common.label_text(x["label"], label_names),
-                "idx": x["idx"]}  # fmt: skip
+                "idx": x["idx"]}
 
     return preprocess
 

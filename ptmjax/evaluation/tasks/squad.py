@@ -28,7 +28,7 @@ def squad_preprocessor(x: dict[str, Any]) -> dict[str, tf.Tensor]:
     """'question: {q} context: {c}' -> the first answer; keeps every (padded) answer as 'answers'."""
     answers = common.pad_punctuation(x["answers"]["text"])
     inputs = common.join(["question:", common.pad_punctuation(x["question"]), "context:",
-                          common.pad_punctuation(x["context"])])  # fmt: skip
+                          common.pad_punctuation(x["context"])])
     return {"inputs": inputs, "targets": answers[0], "answers": answers, "id": x["id"]}
 
 
@@ -44,7 +44,7 @@ def register_squad_task(vocabulary: seqio.Vocabulary | None = None, prefix: str 
     return common.register_task(
         f"{prefix}squad", common.tfds_source(TFDS_NAME, SPLITS), squad_preprocessor,
         vocabulary or vocabularies.default_vocabulary(), (metrics.squad,), qa_postprocessor,
-    )  # fmt: skip
+    )
 
 
 register_squad_task()

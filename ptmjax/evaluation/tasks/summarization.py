@@ -47,7 +47,7 @@ def register_summarization_tasks(
         common.register_task(f"{prefix}{suffix}", common.tfds_source(tfds_name, SPLITS),
                              summarize_preprocessor(article_key, summary_key), vocabulary, (metrics.rouge,))
         for suffix, (tfds_name, article_key, summary_key) in DATASETS.items()
-    )  # fmt: skip
+    )
 
 
 register_summarization_tasks()

@@ -44,7 +44,7 @@ TFDS_VERSION = "1.0.2"
 SPLITS = ("train", "validation", "test")
 BINARY = ("False", "True")
 TRAIN_EXAMPLES = {"boolq": 9427, "cb": 250, "copa": 400, "multirc": 27243, "record": 100730, "rte": 2490,
-                  "wic": 5428, "wsc.fixed": 554}  # fmt: skip
+                  "wic": 5428, "wsc.fixed": 554}
 
 
 @seqio.map_over_dataset
@@ -56,7 +56,7 @@ def multirc_preprocessor(x: dict[str, Any]) -> dict[str, tf.Tensor]:
         ["multirc question:", x["question"], "answer:", x["answer"], "paragraph:", paragraph], separator=" "
     )
     return {"inputs": inputs, "targets": common.label_text(x["label"], BINARY),
-            "idx/paragraph": x["idx"]["paragraph"], "idx/question": x["idx"]["question"]}  # fmt: skip
+            "idx/paragraph": x["idx"]["paragraph"], "idx/question": x["idx"]["question"]}
 
 
 def multirc_postprocessor(text: str, example: Mapping[str, Any] | None = None, is_target: bool = False) -> dict:
@@ -78,14 +78,14 @@ def record_preprocessor(dataset: tf.data.Dataset) -> tf.data.Dataset:
         passage = tf.strings.regex_replace(passage, r"\n@highlight\n", ". ")
         inputs = tf.strings.join(["record query:", x["query"], "entities:",
                                   tf.strings.reduce_join(x["entities"], separator=", "), "passage:", passage],
-                                 separator=" ")  # fmt: skip
+                                 separator=" ")
 
         def repeat(tensor: tf.Tensor) -> tf.Tensor:
             return tf.broadcast_to(tensor, tf.concat([[count], tf.shape(tensor)], axis=0))
 
         targets = tf.cond(tf.size(answers) > 0, lambda: answers, lambda: tf.constant(["<unk>"]))
         return {"inputs": repeat(inputs), "targets": targets, "answers": repeat(answers),
-                "idx/passage": repeat(x["idx"]["passage"]), "idx/query": repeat(x["idx"]["query"])}  # fmt: skip
+                "idx/passage": repeat(x["idx"]["passage"]), "idx/query": repeat(x["idx"]["query"])}
 
     return dataset.map(per_answer, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
 
@@ -95,7 +95,7 @@ def record_postprocessor(text: str, example: Mapping[str, Any] | None = None, is
     if not is_target:
         return {"value": text}
     return {"value": [common.as_text(answer) for answer in example["answers"]],
-            "group": (int(example["idx/passage"]), int(example["idx/query"]))}  # fmt: skip
+            "group": (int(example["idx/passage"]), int(example["idx/query"]))}
 
 
 def _mark_span(text: tf.Tensor, span: tf.Tensor, word_index: tf.Tensor, mark: str) -> tf.Tensor:
@@ -112,7 +112,7 @@ def wsc_preprocessor(x: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     span2_index = x["span2_index"] + 2 * tf.cast(x["span1_index"] < x["span2_index"], tf.int32)  # the 2 '*'
     text = _mark_span(text, x["span2_text"], span2_index, "#")
     return {"inputs": tf.strings.join(["wsc text:", text], separator=" "),
-            "targets": common.label_text(x["label"], BINARY), "idx": x["idx"]}  # fmt: skip
+            "targets": common.label_text(x["label"], BINARY), "idx": x["idx"]}
 
 
 def register_super_glue_tasks(
@@ -135,7 +135,7 @@ def register_super_glue_tasks(
         "wic": (glue_preprocessor("wic", BINARY, ("sentence1", "sentence2", "word")), (metrics.accuracy,),
                 label_id(BINARY)),
         "wsc.fixed": (wsc_preprocessor, (metrics.accuracy,), label_id(BINARY)),
-    }  # fmt: skip
+    }
     names = {}
     for config, (preprocessor, metric_fns, postprocess_fn) in benchmarks.items():
         names[config] = f"{prefix}super_glue_{config.removesuffix('.fixed')}"

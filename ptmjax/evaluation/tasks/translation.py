@@ -27,7 +27,7 @@ def translate_preprocessor(source_language: str, target_language: str):
     @seqio.map_over_dataset
     def preprocess(x: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         return {"inputs": tf.strings.join([prefix, x[source_language]], separator=" "),
-                "targets": x[target_language]}  # fmt: skip
+                "targets": x[target_language]}
 
     return preprocess
 
@@ -39,7 +39,7 @@ def register_translation_task(
     return common.register_task(
         f"{prefix}wmt14_ende", common.tfds_source(TFDS_NAME, SPLITS), translate_preprocessor("en", "de"),
         vocabulary or vocabularies.default_vocabulary(), (metrics.bleu,),
-    )  # fmt: skip
+    )
 
 
 register_translation_task()

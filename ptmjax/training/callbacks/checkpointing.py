@@ -17,7 +17,7 @@ class Checkpointing(Periodic):
     the error of a failed background save, not minutes later."""
 
     def __init__(self, every: int, checkpointer: Checkpointer, nonfinite: NonFiniteMonitor, part: SavedPart,
-                 data_position: Callable[[], dict[str, int]]):  # fmt: skip
+                 data_position: Callable[[], dict[str, int]]):
         super().__init__(every, "checkpoint_every")
         self.checkpointer, self.nonfinite, self.part, self.data_position = checkpointer, nonfinite, part, data_position
 

@@ -26,7 +26,7 @@ class InferenceEvaluation(Periodic):
 
     def __init__(self, every: int, evaluators: Sequence[Any], best: BestCheckpoint | None, part: SavedPart,
                  log: MetricsLog, bar: tqdm, clock: StepClock,
-                 parameter_sets: Mapping[str, Callable[[TrainState], Any]] = PARAMS):  # fmt: skip
+                 parameter_sets: Mapping[str, Callable[[TrainState], Any]] = PARAMS):
         super().__init__(every, "inference_eval_every")
         self.parameter_sets = dict(parameter_sets)
         self.evaluators, self.best, self.part = list(evaluators), best, part

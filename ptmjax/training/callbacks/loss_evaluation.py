@@ -31,7 +31,7 @@ class LossEvaluation(Periodic):
 
     def __init__(self, every: int, trainer: Trainer, validation_dataset: Callable[[], Any],
                  batches: int | None, task_name: str, log: MetricsLog, bar: tqdm, clock: StepClock,
-                 parameter_sets: Mapping[str, Callable[[TrainState], Any]] = PARAMS):  # fmt: skip
+                 parameter_sets: Mapping[str, Callable[[TrainState], Any]] = PARAMS):
         super().__init__(every, "eval_every")
         self.parameter_sets = dict(parameter_sets)
         self.trainer, self.batches, self.task_name = trainer, batches, task_name
@@ -53,7 +53,7 @@ class LossEvaluation(Periodic):
         shapes = {name: tuple(spec.shape) for name, spec in dataset.element_spec.items()}
         total = None
         for batch in multihost.batches_in_lockstep(itertools.islice(dataset.as_numpy_iterator(), self.batches),
-                                                   shapes):  # fmt: skip
+                                                   shapes):
             stats = self.trainer.eval_stats(params, partitioning.global_batch(batch, self.trainer.mesh))
             total = stats if total is None else total + stats
         if total is None:

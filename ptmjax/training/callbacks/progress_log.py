@@ -19,7 +19,7 @@ class ProgressLog(Periodic):
     size per global batch is its tokens per step). `train_loss`: the loss last logged."""
 
     def __init__(self, every: int, log: MetricsLog, bar: tqdm, clock: StepClock, nonfinite: NonFiniteMonitor,
-                 token_fields: Sequence[str]):  # fmt: skip
+                 token_fields: Sequence[str]):
         super().__init__(every, "log_every")
         self.log, self.bar, self.clock, self.nonfinite = log, bar, clock, nonfinite
         self.token_fields = tuple(token_fields)
