@@ -139,3 +139,35 @@ def test_no_function_is_longer_than_a_screen():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == []
+
+
+PRODUCTS = {"einsum", "matmul", "dot", "inner", "tensordot", "dot_general", "ragged_dot", "batch_matmul"}
+# Weight arithmetic, not a model's product: merging LoRA's A @ B into a kernel at float32's highest precision.
+OFF_THE_SEAM = {"ptmjax/adapt/lora_merge.py"}
+
+
+def products_off_the_seam(path: pathlib.Path) -> list[str]:
+    """Matrix products in `path` not taken through ptmjax/layers/precision.py: `@` and jnp / lax product calls."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} @")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PRODUCTS:
+            owner = ast.unparse(node.func.value)
+            if owner in ("jnp", "jax.numpy", "lax", "jax.lax"):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {owner}.{node.func.attr}")
+    return found
+
+
+def declares_policies(path: pathlib.Path) -> bool:
+    """A fused kernel's module: it names the precision policies it takes (a module-level `...POLICIES`)."""
+    return any(isinstance(node, ast.Assign) and any(getattr(t, "id", "").endswith("POLICIES") for t in node.targets)
+               for node in ast.parse(path.read_text()).body)
+
+
+def test_every_matrix_product_goes_through_the_precision_seam():
+    """Outside layers/precision.py (and mixed_precision.py, its bfloat16 form), only the fused kernels, which
+    declare the policies they take, run products of their own."""
+    seam = {"ptmjax/layers/precision.py", "ptmjax/layers/mixed_precision.py"}
+    paths = [p for p in PACKAGE.rglob("*.py") if str(p.relative_to(PACKAGE.parent)) not in seam | OFF_THE_SEAM]
+    assert [found for p in paths if not declares_policies(p) for found in products_off_the_seam(p)] == []

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.adapt.interception import adapted
+from ptmjax.layers import precision
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.mlp import ACTIVATIONS, MlpBlock
 from ptmjax.layers.moe import MoeBlock
@@ -111,5 +112,5 @@ def _bottleneck(module: nn.Module, h: Array, settings: AdapterSettings) -> Array
     down_bias = param("adapter_down_bias", zeros, (width,), ("adapter",))
     up = param("adapter_up", zeros, (width, embed), ("adapter", "embed"))
     up_bias = param("adapter_up_bias", zeros, (embed,), ("embed",))
-    hidden = ACTIVATIONS[settings.activation](jnp.asarray(h, module.dtype) @ down + down_bias)
-    return hidden @ up + up_bias
+    hidden = ACTIVATIONS[settings.activation](precision.matmul(jnp.asarray(h, module.dtype), down) + down_bias)
+    return precision.matmul(hidden, up) + up_bias

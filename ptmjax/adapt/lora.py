@@ -41,6 +41,7 @@ import jax.numpy as jnp
 
 from ptmjax.adapt import interception
 from ptmjax.adapt.interception import adapted
+from ptmjax.layers import precision
 from ptmjax.layers.dense import Dense
 
 Array = jax.Array
@@ -142,7 +143,7 @@ def _update(dense: Dense, inputs: Array, call: _Call) -> Array:
     if call.enable_dropout and settings.dropout > 0:
         keep = jax.random.bernoulli(dense.make_rng("dropout"), 1.0 - settings.dropout, x.shape)
         x = jnp.where(keep, x / (1.0 - settings.dropout), 0).astype(x.dtype)
-    low = jax.lax.dot_general(x, jnp.asarray(lora_a, dense.dtype), ((axis, tuple(range(n_in))), ((), ())))
-    update = jax.lax.dot_general(low, jnp.asarray(lora_b, dense.dtype), (((low.ndim - 1,), (0,)), ((), ())))
+    low = precision.dot_general(x, jnp.asarray(lora_a, dense.dtype), ((axis, tuple(range(n_in))), ((), ())))
+    update = precision.dot_general(low, jnp.asarray(lora_b, dense.dtype), (((low.ndim - 1,), (0,)), ((), ())))
     return update * jnp.asarray(settings.scale, dense.dtype)
 

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from ptmjax.adapt.interception import adapted
 from ptmjax.adapt.prompt_tuning import PromptSettings
+from ptmjax.layers import precision
 from ptmjax.layers.embed import Embed
 from ptmjax.models.config import check_positive_ints
 
@@ -58,7 +59,7 @@ class PTuningSettings(PromptSettings):
         wi_bias = param("wi_bias", nn.initializers.zeros, (self.hidden,), ("mlp",))
         wo = param("wo", init, (self.hidden, embed), ("mlp", "embed"))
         wo_bias = param("wo_bias", nn.initializers.zeros, (embed,), ("embed",))
-        return jax.nn.relu(inputs @ wi + wi_bias) @ wo + wo_bias
+        return precision.matmul(jax.nn.relu(precision.matmul(inputs, wi) + wi_bias), wo) + wo_bias
 
 
 def p_tuning(model: nn.Module, length: int = 20, hidden: int = 128, init: str = "vocab") -> nn.Module:

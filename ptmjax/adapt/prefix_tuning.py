@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from ptmjax.adapt.interception import adapted
 from ptmjax.families.entries import runs_stack
+from ptmjax.layers import precision
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import AttentionMask
 from ptmjax.layers.common import dtype_kwargs
@@ -170,8 +171,8 @@ def _stack_prefixes(stack: nn.Module, config: Any, settings: PrefixSettings) -> 
 def _through_mlp(mlp: Mapping[str, Array], dtype: Any) -> Array:
     """tanh(E @ wi + b_i) @ wo + b_o, as [layers, 2, heads, n, head_dim]."""
     p = {name: jnp.asarray(value, dtype) for name, value in mlp.items()}
-    hidden = jnp.tanh(p["embedding"] @ p["wi"] + p["wi_bias"])  # [n, hidden]
-    return jnp.einsum("nm,mlchd->lchnd", hidden, p["wo"]) + p["wo_bias"][:, :, :, None, :]
+    hidden = jnp.tanh(precision.matmul(p["embedding"], p["wi"]) + p["wi_bias"])  # [n, hidden]
+    return precision.einsum("nm,mlchd->lchnd", hidden, p["wo"]) + p["wo_bias"][:, :, :, None, :]
 
 
 def _depth(stack: nn.Module, config: Any) -> int:

@@ -16,11 +16,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from ptmjax.layers import mixed_precision
+from ptmjax.layers import precision
 from ptmjax.layers.attention_mask import AttentionMask, pairwise_mask
+from ptmjax.layers.blockwise_attention import POLICIES as BLOCKWISE_POLICIES
 from ptmjax.layers.blockwise_attention import blockwise_attention, loop_pays
 from ptmjax.layers.common import DType, target_platform
 from ptmjax.layers.dense import Dense
+from ptmjax.layers.pallas_attention import POLICIES as PALLAS_POLICIES
 from ptmjax.layers.pallas_attention import tpu_flash_attention
 from ptmjax.layers.softmax import softmax
 
@@ -37,6 +39,16 @@ KV_AXES = ("activation_batch", "activation_heads", "activation_length", "activat
 # on CPU, slowly, for tests); 'blockwise' loops over the examples and query blocks where the batch's
 # logits are large (ptmjax/layers/blockwise_attention.py: the fastest on a CPU) and is 'einsum' elsewhere.
 ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "pallas_tpu_flash", "blockwise")
+# The precision policies (ptmjax/layers/precision.py) each kernel takes, and how. 'einsum' runs its two
+# products on the seam; the fused ones run their own.
+KERNEL_POLICIES = {
+    "einsum": {precision.PLAIN: "the seam's products", precision.BFLOAT16: "the seam's products"},
+    "xla": {precision.PLAIN: "JAX's reference attention",
+            precision.BFLOAT16: "JAX's reference attention, its logits accumulated in float32"},
+    "cudnn": {precision.BFLOAT16: "cuDNN's fused flash attention, accumulated in float32 (GPU only)"},
+    "pallas_tpu_flash": PALLAS_POLICIES,
+    "blockwise": BLOCKWISE_POLICIES,
+}
 
 
 @flax.struct.dataclass
@@ -154,14 +166,14 @@ class MultiHeadAttention(nn.Module):
         # (callbacks that run JAX) can deadlock against flax's eager parameter init.
         whole = self.attention_kernel == "blockwise" and not loop_pays(*key.shape[:2], query.shape[1], key.shape[2])
         if self.attention_kernel == "einsum" or self.is_initializing() or whole:
-            logits = mixed_precision.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
+            logits = precision.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
             bias = mask.dense_bias(self.dtype)
             if bias is not None:
                 logits = logits + jnp.asarray(bias, logits.dtype)
             weights = softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
             self.sow("intermediates", "attention_weights", weights)
             weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
-            context = mixed_precision.einsum("bhqk,bhkd->bqhd", weights, value)  # [b, q, h, d]
+            context = precision.einsum("bhqk,bhkd->bqhd", weights, value)  # [b, q, h, d]
         else:
             context = self._fused_context(query, key, value, mask)
         context = nn.with_logical_constraint(context, HEAD_AXES)

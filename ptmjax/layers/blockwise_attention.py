@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.layers.attention_mask import NEG_INF, AttentionMask
+from ptmjax.layers.precision import BFLOAT16, PLAIN
 
 Array = jax.Array
 
@@ -44,6 +45,9 @@ BLOCK_BYTES = 4 * 2**20
 # path's whole-batch products were faster (T5-small's decoder: 3.3 and 15 MiB, 7.3 against 9.9 ms and 33 against
 # 41 ms forward and backward; 32 MiB: 56 against 70 ms).
 LOOP_BYTES = 32 * 2**20
+# The precision policies (ptmjax/layers/precision.py) it takes: it computes every product in float32.
+POLICIES = {PLAIN: "every product in float32", BFLOAT16: "every product in float32, the operands cast up and the "
+            "context cast back to bfloat16"}
 
 
 def loop_pays(batch: int, heads: int, num_queries: int, num_keys: int) -> bool:

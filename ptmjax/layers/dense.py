@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.layers import mixed_precision
+from ptmjax.layers import precision
 from ptmjax.layers.common import DType, target_platform
 
 Array = jax.Array
@@ -80,7 +80,7 @@ class Dense(nn.Module):
 
 
 def dense_product(inputs: Array, kernel: Array, axis: tuple[int, ...]) -> Array:
-    """`inputs` contracted over its `axis` dims with the leading dims of `kernel`, as `mixed_precision.dot_general`.
+    """`inputs` contracted over its `axis` dims with the leading dims of `kernel`, as `precision.dot_general`.
 
     In float32 on the CPU the kernel's gradient is a row-major product with the smaller of the inputs and
     the output's gradient transposed first: left to choose, XLA:CPU transposes the right operand of the
@@ -88,12 +88,12 @@ def dense_product(inputs: Array, kernel: Array, axis: tuple[int, ...]) -> Array:
     [tokens, embed] (T5-small's MLP forward and backward: 225 against 252 ms, docs/performance.md).
     """
     if target_platform() != "cpu" or jnp.result_type(inputs, kernel) != jnp.float32:
-        return mixed_precision.dot_general(inputs, kernel, ((axis, tuple(range(len(axis)))), ((), ())))
+        return precision.dot_general(inputs, kernel, ((axis, tuple(range(len(axis)))), ((), ())))
     return _float32_dense_product(inputs, kernel, axis)
 
 
 def _contract(inputs: Array, kernel: Array, axis: tuple[int, ...]) -> Array:
-    return jax.lax.dot_general(inputs, kernel, ((axis, tuple(range(len(axis)))), ((), ())))
+    return precision.dot_general(inputs, kernel, ((axis, tuple(range(len(axis)))), ((), ())))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -115,9 +115,10 @@ def _dense_product_backward(axis: tuple[int, ...], residuals: tuple[Array, Array
     cotangent_2d = cotangent.reshape(rows, -1)  # [tokens, out]
     # The barriers keep XLA from folding the transposes back into the product.
     if inputs_2d.size <= cotangent_2d.size:
-        d_kernel = jax.lax.optimization_barrier(inputs_2d.T) @ cotangent_2d
+        d_kernel = precision.matmul(jax.lax.optimization_barrier(inputs_2d.T), cotangent_2d)
     else:
-        d_kernel = jax.lax.optimization_barrier(jax.lax.optimization_barrier(cotangent_2d.T) @ inputs_2d).T
+        transposed = precision.matmul(jax.lax.optimization_barrier(cotangent_2d.T), inputs_2d)
+        d_kernel = jax.lax.optimization_barrier(transposed).T
     return d_inputs, d_kernel.reshape(kernel.shape)
 
 

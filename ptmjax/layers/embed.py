@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.layers import mixed_precision
+from ptmjax.layers import precision
 from ptmjax.layers.common import DType, target_platform
 
 Array = jax.Array
@@ -59,11 +59,9 @@ def _small_table_lookup_backward(
     summed = tuple(range(ids.ndim))
     cotangent_summed = tuple(axis for axis in range(cotangent.ndim) if axis != feature_axis)
     if cotangent.dtype == jnp.float32:  # [features, rows]: the cotangent read in its own layout
-        gradient = jax.lax.dot_general(cotangent, one_hot, ((cotangent_summed, summed), ((), ()))).T
+        gradient = precision.dot_general(cotangent, one_hot, ((cotangent_summed, summed), ((), ()))).T
     else:  # XLA:CPU has no bfloat16 product with a float32 result for that layout
-        gradient = jax.lax.dot_general(
-            one_hot, cotangent, ((summed, cotangent_summed), ((), ())), preferred_element_type=jnp.float32
-        )
+        gradient = precision.float32_dot_general(one_hot, cotangent, ((summed, cotangent_summed), ((), ())))
     return gradient.astype(table.dtype), None
 
 
@@ -105,22 +103,22 @@ class Embed(nn.Module):
 
 
 def tied_logits(query: Array, embedding: Array) -> Array:
-    """query [..., embed] @ embedding [vocab, embed].T -> logits [..., vocab], as `mixed_precision.einsum`.
+    """query [..., embed] @ embedding [vocab, embed].T -> logits [..., vocab], as `precision.einsum`.
 
     In float32 on the CPU the table's gradient is computed as [embed, vocab] and transposed after, which
     moves the table's size; XLA:CPU otherwise transposes the logits' gradient [..., vocab] to feed its
     product, as many times larger as there are positions (GPT-2 small at 8 x 512: 0.8 GB, about 1 s of
     its 18 s step on a 2-core CPU). Other platforms' products take either layout as it is, and bfloat16
-    keeps `mixed_precision.einsum`'s float32-accumulating products.
+    keeps the seam's float32-accumulating products.
     """
     if target_platform() != "cpu" or jnp.result_type(query, embedding) != jnp.float32:
-        return mixed_precision.einsum("...e,ve->...v", query, embedding)
+        return precision.einsum("...e,ve->...v", query, embedding)
     return _float32_tied_logits(query, embedding)
 
 
 @jax.custom_vjp
 def _float32_tied_logits(query: Array, embedding: Array) -> Array:
-    return jnp.einsum("...e,ve->...v", query, embedding)
+    return precision.einsum("...e,ve->...v", query, embedding)
 
 
 def _tied_logits_forward(query: Array, embedding: Array) -> tuple[Array, tuple[Array, Array]]:
@@ -129,9 +127,9 @@ def _tied_logits_forward(query: Array, embedding: Array) -> tuple[Array, tuple[A
 
 def _tied_logits_backward(residuals: tuple[Array, Array], cotangent: Array) -> tuple[Array, Array]:
     query, embedding = residuals
-    d_query = jnp.einsum("...v,ve->...e", cotangent, embedding)
+    d_query = precision.einsum("...v,ve->...e", cotangent, embedding)
     # The barrier keeps XLA from folding the transpose back into the product.
-    d_embedding = jax.lax.optimization_barrier(jnp.einsum("...e,...v->ev", query, cotangent))
+    d_embedding = jax.lax.optimization_barrier(precision.einsum("...e,...v->ev", query, cotangent))
     return d_query, d_embedding.T
 
 

@@ -30,21 +30,25 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 from jax.sharding import PartitionSpec
 
+from ptmjax.layers import precision
 from ptmjax.layers.common import target_platform
+from ptmjax.layers.precision import BFLOAT16, PLAIN
 
 Array = jax.Array
 GroupedDot = Callable[[Array, Array, Array], Array]
 TILE = 128  # megablox's tile along rows, in and out; rows are padded to a multiple of it
+# The precision policies (ptmjax/layers/precision.py) megablox's kernels take: their tiles accumulate in float32.
+MEGABLOX_POLICIES = {PLAIN: "float32 tiles", BFLOAT16: "bfloat16 tiles accumulated in float32"}
 
 
 def grouped_matmul(rows: Array, kernels: Array, group_sizes: Array, dot: GroupedDot | None = None) -> Array:
     """rows [M, in] sorted by group, kernels [E, in, out], group_sizes [E] int32 summing to M -> [M, out].
 
     dot: each device's grouped product, `(rows, kernels, group_sizes) -> out`; None: `megablox_dot` on
-    TPU (`layers.common.target_platform`), `jax.lax.ragged_dot` elsewhere.
+    TPU (`layers.common.target_platform`), `precision.ragged_dot` elsewhere.
     """
     if dot is None:
-        dot = megablox_dot if target_platform() == "tpu" else jax.lax.ragged_dot
+        dot = megablox_dot if target_platform() == "tpu" else precision.ragged_dot
     mesh = jax.sharding.get_abstract_mesh()
     row_axes = _row_mesh_axes(mesh)
     if not row_axes or rows.shape[0] % math.prod(mesh.shape[axis] for axis in row_axes):

@@ -47,7 +47,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.layers import mixed_precision
+from ptmjax.layers import precision
 from ptmjax.layers.common import DType
 from ptmjax.layers.grouped_matmul import grouped_matmul
 from ptmjax.layers.layer_stack import LayerStackConfig
@@ -178,7 +178,7 @@ def route(router_logits: Array, top_k: int, capacity: int) -> Routing:
     slots = jax.nn.one_hot(position, capacity, dtype=jnp.float32)  # [G, S, K, E, C]; slot >= C -> all zero
     slots = slots * choice[..., None]
     dispatch = jnp.sum(slots, axis=2)  # distinct experts per token, so entries stay 0/1
-    combine = jnp.einsum("gskec,gsk->gsec", slots, gates)
+    combine = precision.einsum("gskec,gsk->gsec", slots, gates)
     return Routing(dispatch, combine, probs, index[..., 0])
 
 
@@ -241,7 +241,7 @@ class MoeBlock(nn.Module):
             "router", nn.with_logical_partitioning(init, ("embed", "router_expert")),
             (x.shape[-1], self.num_experts), self.param_dtype,
         )
-        return jnp.einsum("gsd,de->gse", x32, jnp.asarray(kernel, jnp.float32))
+        return precision.einsum("gsd,de->gse", x32, jnp.asarray(kernel, jnp.float32))
 
     def _expert_kernel(self, name: str, shape: tuple[int, int], axes: tuple[str, str]) -> Array:
         """A [expert, in, out] kernel, fan-in scaled per expert, cast to the compute dtype."""
@@ -275,14 +275,14 @@ class MoeBlock(nn.Module):
         self.sow("intermediates", "dropped_fraction", dropped)
 
         dispatch = routing.dispatch.astype(self.dtype)
-        expert_in = mixed_precision.einsum("gsec,gsd->gecd", dispatch, x)  # [G, E, C, embed]
+        expert_in = precision.einsum("gsec,gsd->gecd", dispatch, x)  # [G, E, C, embed]
         expert_in = nn.with_logical_constraint(expert_in, EXPERT_AXES)  # all-to-all to the experts
         expert_out = self._experts(
-            expert_in, lambda a, w: mixed_precision.einsum("gecd,edf->gecf", a, w), EXPERT_HIDDEN_AXES, enable_dropout
+            expert_in, lambda a, w: precision.einsum("gecd,edf->gecf", a, w), EXPERT_HIDDEN_AXES, enable_dropout
         )
         expert_out = nn.with_logical_constraint(expert_out, EXPERT_AXES)
         expert_out = nn.with_logical_constraint(expert_out, RETURN_AXES)  # all-to-all back to the tokens
-        out = mixed_precision.einsum("gecd,gsec->gsd", expert_out, routing.combine.astype(self.dtype))  # [G, S, embed]
+        out = precision.einsum("gecd,gsec->gsd", expert_out, routing.combine.astype(self.dtype))  # [G, S, embed]
         return nn.with_logical_constraint(out, TOKEN_AXES)
 
     def _sow_losses(self, logits: Array, probs: Array, first_choice: Array) -> None:
@@ -326,5 +326,6 @@ class MoeBlock(nn.Module):
         sizes = jnp.bincount(experts, length=self.num_experts).astype(jnp.int32)  # [E] rows per expert
         out_rows = self._experts(rows, lambda a, w: grouped_matmul(a, w, sizes), ROW_AXES, enable_dropout)
         out_rows = out_rows[jnp.argsort(order)]  # back to (token, choice) order
-        out = jnp.einsum("gskd,gsk->gsd", out_rows.reshape(groups, tokens, self.top_k, embed), gates.astype(self.dtype))
+        choices = out_rows.reshape(groups, tokens, self.top_k, embed)
+        out = precision.einsum("gskd,gsk->gsd", choices, gates.astype(self.dtype))
         return nn.with_logical_constraint(out, TOKEN_AXES)

@@ -48,12 +48,15 @@ from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
 from ptmjax.layers.attention_mask import AttentionMask
 from ptmjax.layers.common import target_platform
+from ptmjax.layers.precision import BFLOAT16, PLAIN
 
 Array = jax.Array
 SegmentIds = tpu_flash.SegmentIds
 
 BLOCK = 128  # the kernel's default block sizes; lengths are padded to a multiple of it
 PAD_SEGMENT = -1  # the segment id of the positions padded up to a block: real ones are >= 0 (0: padding)
+# The precision policies (ptmjax/layers/precision.py) it takes: its blocks' products accumulate in float32.
+POLICIES = {PLAIN: "float32 blocks", BFLOAT16: "bfloat16 blocks accumulated in float32"}
 
 
 def _blocks(query: Array, key: Array) -> tpu_flash.BlockSizes:

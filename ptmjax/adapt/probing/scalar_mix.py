@@ -12,6 +12,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ptmjax.layers import precision
+
 Array = jax.Array
 LAYER_NORM_EPSILON = 1e-12
 
@@ -38,7 +40,7 @@ class ScalarMix(nn.Module):
         if self.layer_norm:
             valid = jnp.ones(layers.shape[1:3], bool) if valid is None else valid
             layers = _masked_layer_norm(layers, valid)
-        return gamma * jnp.einsum("n,nbsd->bsd", weights, layers)
+        return gamma * precision.einsum("n,nbsd->bsd", weights, layers)
 
 
 def _masked_layer_norm(layers: Array, valid: Array) -> Array:
