@@ -11,6 +11,9 @@ import jax.numpy as jnp
 from ptmjax.layers import precision
 from ptmjax.layers.common import DType, target_platform
 
+# The token and position tables' initial stddev in GPT-2 and BERT (`initializer_range`) and BART (`init_std`).
+EMBED_INIT_STDDEV = 0.02
+
 Array = jax.Array
 Initializer = nn.initializers.Initializer
 

@@ -42,7 +42,7 @@ from ptmjax.layers.attention_mask import (
     mask_to_bias,
 )
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
-from ptmjax.layers.embed import Embed
+from ptmjax.layers.embed import EMBED_INIT_STDDEV, Embed
 from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
@@ -52,7 +52,6 @@ from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 
 Array = jax.Array
 
-EMBED_INIT_STDDEV = 0.02  # BART's init_std, for the token and position tables
 POSITION_OFFSET = 2  # Hugging Face reads position p at row p + 2 of the table
 
 

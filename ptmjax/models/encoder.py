@@ -26,7 +26,7 @@ from ptmjax.layers.attention_mask import AttentionMask, encoder_attention_mask
 from ptmjax.layers.batch_broadcast import broadcast_batch
 from ptmjax.layers.common import HIDDEN_AXES, dtype_kwargs
 from ptmjax.layers.dense import Dense
-from ptmjax.layers.embed import Embed
+from ptmjax.layers.embed import EMBED_INIT_STDDEV, Embed
 from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
@@ -36,7 +36,6 @@ from ptmjax.models.encoder_heads import MlmHead, SentencePairHead
 
 Array = jax.Array
 
-EMBED_INIT_STDDEV = 0.02  # BERT's initializer_range, for the embedding tables
 
 
 @dataclasses.dataclass(frozen=True)

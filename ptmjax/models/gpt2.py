@@ -20,7 +20,7 @@ from ptmjax.layers.attention import CacheSlots, MultiHeadAttention, cached_self_
 from ptmjax.layers.attention_mask import AttentionMask, decoder_attention_mask, mask_to_bias, prefix_lm_self_mask
 from ptmjax.layers.batch_broadcast import broadcast_batch
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
-from ptmjax.layers.embed import Embed
+from ptmjax.layers.embed import EMBED_INIT_STDDEV, Embed
 from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.moe import MoeConfig
@@ -30,7 +30,6 @@ from ptmjax.models.config import ModelConfig, check_activation, check_heads_divi
 
 Array = jax.Array
 
-EMBED_INIT_STDDEV = 0.02  # GPT-2's initializer_range, for the token and position tables
 
 
 @gin.configurable

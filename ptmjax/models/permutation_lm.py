@@ -23,11 +23,11 @@ import jax.numpy as jnp
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import mask_to_bias
 from ptmjax.layers.common import dtype_kwargs
-from ptmjax.layers.embed import Embed
+from ptmjax.layers.embed import EMBED_INIT_STDDEV, Embed
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
-from ptmjax.models.gpt2 import EMBED_INIT_STDDEV, HIDDEN_AXES, LOGIT_AXES, GPT2Config
+from ptmjax.models.gpt2 import HIDDEN_AXES, LOGIT_AXES, GPT2Config
 
 Array = jax.Array
 
