@@ -25,7 +25,6 @@ from ptmjax import partitioning
 from ptmjax.data import pipeline, tokenizer_dir
 from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.evaluation.head_evaluator import evaluator_for
-from ptmjax.families.registry import family_of
 from ptmjax.model_dir import ModelDir
 from ptmjax.training import compilation_cache
 from ptmjax.training.best_checkpoint import BestCheckpoint
@@ -102,7 +101,7 @@ class PreparedRun:
         """The init checkpoint's generation.json (an import's), else the ids of `task`'s targets vocabulary."""
         if self.init_checkpoint is not None and os.path.isfile(ModelDir(self.init_checkpoint).generation_path):
             return GenerationIds.read(ModelDir(self.init_checkpoint).generation_path)
-        return GenerationIds.from_vocabulary(pipeline.task_vocabulary(task), family_of(self.spec.model).encoder_decoder)
+        return GenerationIds.from_vocabulary(pipeline.task_vocabulary(task), self.trainer.api.family.encoder_decoder)
 
     def params_folder(self, name: str, primary: bool) -> ParamsFolder:
         """MODEL_DIR/`name`/: parameters alone, in a model folder of their own (ptmjax/training/params_folder.py)."""

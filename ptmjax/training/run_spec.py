@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 from ptmjax import partitioning
 from ptmjax.families.model_api import model_api
 from ptmjax.families.token_loss import LossConfig
+from ptmjax.training.extra_state import ExtraState
 from ptmjax.training.parameter_ema import ParameterEma
 from ptmjax.training.schedules import rsqrt_with_warmup
 from ptmjax.training.trainer import Trainer
@@ -46,8 +47,7 @@ class RunSpec:
         object.__setattr__(self, "schedule", self.schedule or rsqrt_with_warmup())
         object.__setattr__(self, "loss_config", self.loss_config or LossConfig())
         object.__setattr__(self, "mesh_config", self.mesh_config or partitioning.MeshConfig())
-        if self.ema_decay is not None:
-            ParameterEma(self.ema_decay)  # checks it here, before anything is built
+        self.extra_state()  # checks ema_decay here, before anything is built
 
     def trainer(self, mesh: Mesh) -> Trainer:
         """The Trainer of this run on `mesh`; checks first that the batch splits over it."""
@@ -59,9 +59,12 @@ class RunSpec:
                 f"data-parallel devices of mesh {dict(mesh.shape)} times num_microbatches={self.num_microbatches}; "
                 f"pick a multiple of {ways}"
             )
-        extra_state = () if self.ema_decay is None else (ParameterEma(self.ema_decay),)
         return Trainer(self.model, self.optimizer(self.schedule), self.schedule, mesh, self.mesh_config.rules,
-                       self.loss_config, self.num_microbatches, self.trainable, extra_state)
+                       self.loss_config, self.num_microbatches, self.trainable, self.extra_state())
+
+    def extra_state(self) -> tuple[ExtraState, ...]:
+        """What the run carries beside its parameters: the EMA of `ema_decay`, if set."""
+        return () if self.ema_decay is None else (ParameterEma(self.ema_decay),)
 
     def abstract_batch(self, sharding: jax.sharding.Sharding) -> dict[str, jax.ShapeDtypeStruct]:
         """The global batch the family's feature converter produces, as ShapeDtypeStructs on `sharding`."""

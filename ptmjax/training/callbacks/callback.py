@@ -58,7 +58,10 @@ class Callback:
 
 
 class Periodic(Callback):
-    """A callback that acts every `every` steps and at the run's last step: `act` is what it does."""
+    """A callback that acts every `every` steps and at the run's last step (and, with `acts_at_stop`, at a
+    step that stops the run): `act` is what it does."""
+
+    acts_at_stop = False
 
     def __init__(self, every: int, name: str):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -66,7 +69,7 @@ class Periodic(Callback):
         self.every = every
 
     def due(self, event: StepEvent) -> bool:
-        return event.step % self.every == 0 or event.final
+        return event.step % self.every == 0 or event.final or (self.acts_at_stop and event.stopping)
 
     def on_step(self, event: StepEvent) -> None:
         if self.due(event):

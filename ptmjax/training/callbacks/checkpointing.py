@@ -16,13 +16,12 @@ class Checkpointing(Periodic):
     skipped step, the newest checkpoint before the first one is kept out of rotation. Every step it surfaces
     the error of a failed background save, not minutes later."""
 
+    acts_at_stop = True
+
     def __init__(self, every: int, checkpointer: Checkpointer, nonfinite: NonFiniteMonitor, part: SavedPart,
                  data_position: Callable[[], dict[str, int]]):
         super().__init__(every, "checkpoint_every")
         self.checkpointer, self.nonfinite, self.part, self.data_position = checkpointer, nonfinite, part, data_position
-
-    def due(self, event: StepEvent) -> bool:
-        return super().due(event) or event.stopping
 
     def on_step(self, event: StepEvent) -> None:
         self.checkpointer.check_for_errors()

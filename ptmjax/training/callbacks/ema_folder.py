@@ -15,12 +15,11 @@ class EmaFolder(Periodic):
     (the part the run saves, `part`) to `folder`: MODEL_DIR/ema/, a model folder every tool reads. Runs after
     the checkpointing callback, which has checked the state finite."""
 
+    acts_at_stop = True
+
     def __init__(self, every: int, folder: ParamsFolder, part: SavedPart):
         super().__init__(every, "checkpoint_every")
         self.folder, self.part = folder, part
-
-    def due(self, event: StepEvent) -> bool:
-        return super().due(event) or event.stopping
 
     def act(self, event: StepEvent) -> None:
         averaged = event.state.replace(params=averaged_params(event.state.params, event.state.extra))
