@@ -20,7 +20,7 @@ CORE = [
     "matplotlib>=3.9,<4",
     "tqdm>=4.66,<5",
     "rich>=13,<16",
-    # Evaluation metrics (ptmjax/evaluation/metrics.py); nltk is rouge_score's tokenizer dependency.
+    # Evaluation metrics (ptmjax/metrics.py); nltk is rouge_score's tokenizer dependency.
     "scikit-learn>=1.9,<2",
     "scipy>=1.17,<2",
     "sacrebleu>=2.6,<3",

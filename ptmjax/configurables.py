@@ -7,23 +7,24 @@ import gin
 
 from ptmjax import partitioning  # noqa: F401
 from ptmjax.adapt import adapters, bitfit, lora, p_tuning, prefix_tuning, prompt_tuning
-from ptmjax.data import (  # noqa: F401
-    classification_head_task,
-    downstream_tasks,
-    language_tags,
-    mixtures,
-    objective_tasks,
-    qa_task,
-    summary_tasks,
-    tagging_task,
-    tasks,
-)
-from ptmjax.evaluation.tasks import glue, squad, summarization, superglue, translation
+from ptmjax.data import language_tags  # noqa: F401
 from ptmjax.families import token_loss  # noqa: F401
 from ptmjax.models import albert, bart, bert, electra, encoder_tasks, gpt2, gpt2_tasks, permutation_lm, t5
 from ptmjax.objectives import translation_lm  # noqa: F401
+from ptmjax.storage import checkpoints  # noqa: F401
+from ptmjax.tasks import (  # noqa: F401
+    classification_head,
+    mixtures,
+    module_classification,
+    objective_mixture,
+    pretraining,
+    question_answering,
+    registry,
+    summaries,
+    tagging,
+)
+from ptmjax.tasks.benchmarks import glue, squad, summarization, superglue, translation
 from ptmjax.training import (  # noqa: F401
-    checkpoints,
     layer_depth,
     multihost,
     nonfinite,
@@ -50,16 +51,16 @@ gin.external_configurable(encoder_tasks.EncoderForSequenceClassification, module
 gin.external_configurable(encoder_tasks.EncoderForTokenClassification, module="ptmjax.models")
 gin.external_configurable(encoder_tasks.EncoderForQuestionAnswering, module="ptmjax.models")
 gin.external_configurable(gpt2_tasks.GPT2ForSequenceClassification, module="ptmjax.models")
-gin.external_configurable(tasks.register_text_files_task, module="ptmjax.data.tasks")
-gin.external_configurable(classification_head_task.register_module_head_task, module="ptmjax.data")
-gin.external_configurable(tagging_task.register_tagging_task, module="ptmjax.data")
-gin.external_configurable(qa_task.register_qa_task, module="ptmjax.data")
-gin.external_configurable(tasks.register_mixture, module="ptmjax.data.tasks")
-gin.external_configurable(glue.register_glue_tasks, module="ptmjax.evaluation.tasks")
-gin.external_configurable(superglue.register_super_glue_tasks, module="ptmjax.evaluation.tasks")
-gin.external_configurable(squad.register_squad_task, module="ptmjax.evaluation.tasks")
-gin.external_configurable(summarization.register_summarization_tasks, module="ptmjax.evaluation.tasks")
-gin.external_configurable(translation.register_translation_task, module="ptmjax.evaluation.tasks")
+gin.external_configurable(pretraining.register_text_files_task, module="ptmjax.tasks")
+gin.external_configurable(classification_head.register_module_head_task, module="ptmjax.tasks")
+gin.external_configurable(tagging.register_tagging_task, module="ptmjax.tasks")
+gin.external_configurable(question_answering.register_qa_task, module="ptmjax.tasks")
+gin.external_configurable(registry.register_mixture, module="ptmjax.tasks")
+gin.external_configurable(glue.register_glue_tasks, module="ptmjax.tasks")
+gin.external_configurable(superglue.register_super_glue_tasks, module="ptmjax.tasks")
+gin.external_configurable(squad.register_squad_task, module="ptmjax.tasks")
+gin.external_configurable(summarization.register_summarization_tasks, module="ptmjax.tasks")
+gin.external_configurable(translation.register_translation_task, module="ptmjax.tasks")
 # Parameter-path patterns for train.trainable, e.g. `train.trainable = [%ptmjax.adapt.LORA_PARAMS]`.
 gin.constant("ptmjax.adapt.LORA_PARAMS", lora.LORA_PARAMS)
 gin.constant("ptmjax.adapt.BITFIT_PARAMS", bitfit.BITFIT_PARAMS)

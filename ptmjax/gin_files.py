@@ -25,7 +25,7 @@ from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.registry import family_of
 from ptmjax.gin_suggestions import did_you_mean, explain_gin_error, model_alias
 from ptmjax.gin_value_types import check_entry_point_values
-from ptmjax.model_dir import CONFIG_FILE, TOKENIZER, ModelDir
+from ptmjax.storage.model_dir import CONFIG_FILE, TOKENIZER, ModelDir
 
 GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
 

@@ -1,5 +1,6 @@
-"""The package's layout rules, read from the source: no import cycle, library code never imports the CLI,
-tools never build parameters through the trainer, and no module shadows the standard library."""
+"""The package's layout rules, read from the source: no import cycle, folders import only the folders below
+them (FOLDER_ORDER), library code never imports the CLI, tools never build parameters through the trainer, no
+module shadows the standard library, tools ask the family record, short functions, one precision seam."""
 
 import ast
 import pathlib
@@ -61,26 +62,38 @@ def test_no_module_shadows_the_standard_library():
     assert sorted(names & set(sys.stdlib_module_names)) == []
 
 
-# The lower folders depend one way: layers <- models <- families (the model API) <- the tools above them.
-LOWER_FOLDERS = {
-    "layers": {"layers", "partitioning"},
-    "models": {"layers", "models"},
-    "decoding": {"decoding", "layers", "partitioning"},
-    "families": {"families", "layers", "models", "decoding"},
-}
+# The folders and top-level modules, lowest first: each imports only from itself and those before it, so
+# the package's dependencies run one way (the model maths at the bottom, the tools and the CLI at the top).
+FOLDER_ORDER = (
+    "tree_paths", "host_malloc", "gin_value_types", "gin_suggestions", "partitioning",
+    "layers", "models", "decoding", "families",  # the model maths and the record of each family
+    "metrics", "objectives", "data", "tasks",  # text in, examples out; tasks register data and metrics
+    "storage", "gin_files",  # model folders and checkpoints; reading a folder's config
+    "evaluation", "training", "adapt", "convert", "inference",
+    "configurables", "tools", "tensorflow_import", "cli", "train",
+)
+# Reading any config.gin needs every configurable registered: `gin_files.parse_gin` imports them, when called.
+UPWARD_IMPORTS = {("ptmjax.gin_files", "ptmjax.configurables")}
 
 
 def folder(module: str) -> str:
-    """'ptmjax.families.registry' -> 'families'; the package itself -> ''."""
+    """'ptmjax.families.registry' -> 'families', 'ptmjax.cli' -> 'cli'; the package itself -> ''."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 
 
-def test_the_lower_folders_import_only_below_them():
+def test_every_folder_has_its_place_in_the_order():
+    names = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or p.is_dir()}
+    assert sorted(names - set(FOLDER_ORDER) - {"__init__", "__pycache__"}) == []
+
+
+def test_folders_import_only_those_below_them():
+    rank = {name: i for i, name in enumerate(FOLDER_ORDER)}
     wrong = sorted(
         f"{name} imports {dep}"
-        for name, deps in imports().items() if folder(name) in LOWER_FOLDERS
-        for dep in deps if folder(dep) and folder(dep) not in LOWER_FOLDERS[folder(name)]
+        for name, deps in imports().items() if folder(name)
+        for dep in deps
+        if folder(dep) and rank[folder(dep)] > rank[folder(name)] and (name, dep) not in UPWARD_IMPORTS
     )
     assert wrong == []
 

@@ -56,7 +56,7 @@ IMPORTS = textwrap.dedent(
     import ptmjax.configurables, ptmjax.training.run
     with_tensorflow = sorted(name for name in tensorflow_import.KERAS_EXTRAS if name in sys.modules)
     from keras.src.wrappers import sklearn_wrapper
-    from ptmjax.evaluation import metrics
+    from ptmjax import metrics
     scores = {**metrics.accuracy([0, 1, 1], [0, 1, 0]), **metrics.spearman_corrcoef([1.0, 2.0, 3.0], [1.0, 3.0, 2.0])}
     doubled = [int(x) for x in tf.data.Dataset.range(3).map(lambda x: x * 2)]
     keras_sklearn = sklearn_wrapper.sklearn is not None

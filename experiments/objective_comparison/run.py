@@ -32,24 +32,25 @@ import numpy as np
 import tensorflow as tf
 from flax import linen as nn
 
-from ptmjax.data import downstream_tasks, objective_tasks, pipeline, tasks
+from ptmjax.data import pipeline
 from ptmjax.evaluation import rank_classification as evaluation
 from ptmjax.families.model_api import model_api
 from ptmjax.families.registry import family_of
 from ptmjax.gin_files import parse_gin, read_model_config, resolve_gin_file
-from ptmjax.model_dir import ModelDir
+from ptmjax.storage.model_dir import ModelDir
+from ptmjax.tasks import module_classification, objective_mixture, pretraining
 from ptmjax.training.run import train
 
 EXPERIMENT_DIR = pathlib.Path(__file__).resolve().parent
 REPO_DIR = EXPERIMENT_DIR.parents[1]
 OBJECTIVES = {  # the name in the table -> its seqio task
-    "T5 span corruption": tasks.STDLIB_TASK,
-    "BART denoising": objective_tasks.BART_TASK,
-    "MASS": objective_tasks.MASS_TASK,
-    "prefix LM": objective_tasks.PREFIX_LM_TASK,
-    "UL2 mixture of denoisers": objective_tasks.UL2_TASK,
-    "PEGASUS gap sentences": objective_tasks.PEGASUS_TASK,
-    "BERT-style MLM (text to text)": objective_tasks.BERT_STYLE_TASK,
+    "T5 span corruption": pretraining.STDLIB_TASK,
+    "BART denoising": objective_mixture.BART_TASK,
+    "MASS": objective_mixture.MASS_TASK,
+    "prefix LM": objective_mixture.PREFIX_LM_TASK,
+    "UL2 mixture of denoisers": objective_mixture.UL2_TASK,
+    "PEGASUS gap sentences": objective_mixture.PEGASUS_TASK,
+    "BERT-style MLM (text to text)": objective_mixture.BERT_STYLE_TASK,
 }
 BASELINE = "no pre-training"
 DEFAULT_MODEL_GIN = "models/t5_1_1_tiny.gin"
@@ -184,7 +185,8 @@ def finetune(setting: Setting, gin_files: list[str], runs_dir: pathlib.Path, nam
         eval_logs = [r for r in records(model_dir) if "eval_loss" in r]
         model, params = restore_params(model_dir)
         ranked = evaluation.rank_classification(
-            model, params, downstream_tasks.MODULE_TASK, "validation", downstream_tasks.module_labels(), lengths
+            model, params, module_classification.MODULE_TASK, "validation", module_classification.module_labels(),
+            lengths,
         )
         return {**timing, "eval_loss": eval_logs[-1]["eval_loss"], "accuracy": ranked.accuracy,
                 "eval_curve": [(r["step"], r["eval_loss"]) for r in eval_logs],
@@ -231,9 +233,12 @@ def summarise(setting: Setting, model_gin: str, pretrained: dict, finetuned: dic
         "setting": dataclasses.asdict(setting), "model_gin": model_gin,
         "budget": (f"every objective: {setting.pretrain_steps} steps of batch 32 packed rows, inputs {inputs} and "
                    f"targets {targets} tokens per row (the same model FLOPs per step); real tokens reported"),
-        "downstream": {"task": downstream_tasks.MODULE_TASK, "classes": list(downstream_tasks.module_labels()),
-                       "train_examples": len(downstream_tasks.module_classification_examples("train")),
-                       "validation_examples": len(downstream_tasks.module_classification_examples("validation"))},
+        "downstream": {
+            "task": module_classification.MODULE_TASK,
+            "classes": list(module_classification.module_labels()),
+            "train_examples": len(module_classification.module_classification_examples("train")),
+            "validation_examples": len(module_classification.module_classification_examples("validation")),
+        },
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__,
                     "devices": [str(d) for d in jax.devices()],
                     "load_1min_min_median_max": [min(loads), statistics.median(loads), max(loads)],

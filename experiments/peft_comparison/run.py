@@ -137,7 +137,7 @@ def trainable_counts(model_dir: pathlib.Path) -> tuple[int, int]:
     """(trainable, total) parameter values of a run, from its config.gin."""
     from ptmjax import gin_files
     from ptmjax.families.model_api import model_api
-    from ptmjax.model_dir import ModelDir
+    from ptmjax.storage.model_dir import ModelDir
     from ptmjax.training.trainable import Trainable
 
     folder = ModelDir(str(model_dir))

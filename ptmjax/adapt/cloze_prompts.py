@@ -30,6 +30,7 @@ from flax import linen as nn
 from ptmjax.families.model_api import model_api
 from ptmjax.families.registry import MASKED_LM
 from ptmjax.objectives import common
+from ptmjax.tasks import registry
 
 TEXT, MASK = "{text}", "{mask}"
 
@@ -132,10 +133,6 @@ def register_cloze_task(
         return dataset.shuffle(len(rows["loss_mask"]), seed=seed) if shuffle_files else dataset
 
     features = {key: seqio.Feature(vocabulary, add_eos=False) for key in ("inputs", "targets")}
-    if name in seqio.TaskRegistry.names():
-        seqio.TaskRegistry.remove(name)
-    return seqio.TaskRegistry.add(
-        name, seqio.FunctionDataSource(dataset_fn, splits=tuple(examples_by_split)), output_features=features,
-        preprocessors=[], metric_fns=list(metric_fns),
-    )
+    source = seqio.FunctionDataSource(dataset_fn, splits=tuple(examples_by_split))
+    return registry.register_task(name, source, [], vocabulary, metric_fns, features=features)
 

@@ -22,7 +22,7 @@ from ptmjax.convert import hf, hf_tokenizer
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.model_api import model_api
 from ptmjax.layers import layer_stack
-from ptmjax.model_dir import ModelDir
+from ptmjax.storage.model_dir import ModelDir
 
 MODULE_FIELDS_NOT_BOUND = ("config", "parent", "name")
 

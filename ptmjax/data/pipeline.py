@@ -17,8 +17,6 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-import ptmjax.data.tasks  # noqa: F401 - registers the built-in tasks and mixtures
-
 ENCDEC_FEATURES = ("encoder_input_tokens", "decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights")
 PACKING_FEATURES = ("encoder_segment_ids", "encoder_positions", "decoder_segment_ids", "decoder_positions")
 
@@ -32,7 +30,8 @@ def get_task_or_mixture(mixture_or_task_name: str) -> seqio.DatasetProviderBase:
         known = [name for name in known if name.startswith("ptmjax")] or known
         raise ValueError(
             f"unknown task or mixture {mixture_or_task_name!r}; registered ptmjax ones: {', '.join(known)} "
-            "(import the module that registers yours first)"
+            "(import the module that registers it first: ptmjax.tasks.pretraining for the built-in pre-training "
+            "tasks, ptmjax.configurables for every built-in task)"
         ) from None
 
 

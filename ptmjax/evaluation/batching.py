@@ -19,8 +19,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, Sharding
 
 from ptmjax import partitioning
+from ptmjax.data.fixed_batches import padded
 from ptmjax.data.pipeline import without_autotuning
-from ptmjax.inference.batching import padded
 
 
 class Batch(NamedTuple):

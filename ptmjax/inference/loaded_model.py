@@ -17,10 +17,10 @@ from flax import linen as nn
 from jax.sharding import Mesh
 
 from ptmjax import partitioning
+from ptmjax.data.fixed_batches import bucket_length, fixed_batches, round_up
 from ptmjax.decoding import DecodeConfig, DecodeOutput, GenerationIds
 from ptmjax.decoding.sharded import jit_predict
 from ptmjax.families.model_api import ModelApi, model_api
-from ptmjax.inference.batching import bucket_length, fixed_batches, round_up
 from ptmjax.inference.rows import RowFormat
 from ptmjax.inference.text import Inputs, check_texts, encode, until_eos
 

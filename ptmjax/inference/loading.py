@@ -28,7 +28,7 @@ from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.model_api import model_api
 from ptmjax.inference.loaded_model import DEFAULT_BATCH_SIZE, LoadedModel
 from ptmjax.inference.rows import RowFormat
-from ptmjax.model_dir import CONFIG_FILE, ModelDir
+from ptmjax.storage.model_dir import CONFIG_FILE, ModelDir
 
 HF_CONFIG = "config.json"
 

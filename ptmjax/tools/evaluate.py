@@ -41,7 +41,7 @@ def evaluate_model_dir(
     from ptmjax.evaluation import results as results_io
     from ptmjax.evaluation.head_evaluator import evaluator_for
     from ptmjax.families.model_api import model_api
-    from ptmjax.model_dir import ModelDir
+    from ptmjax.storage.model_dir import ModelDir
 
     folder = ModelDir(model_dir)
     step = folder.checkpoint_step(step)

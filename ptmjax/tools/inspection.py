@@ -30,7 +30,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec, Shard
 
 from ptmjax import gin_files, partitioning
 from ptmjax.families.model_api import model_api
-from ptmjax.model_dir import ModelDir, saved_mesh_shape
+from ptmjax.storage.model_dir import ModelDir, saved_mesh_shape
 from ptmjax.tree_paths import leaves_by_path, path_name, shapes_by_path, subtree
 
 OPT_STATE = "opt_state"

@@ -23,7 +23,7 @@ import jax
 
 from ptmjax.families.model_api import ModelApi
 from ptmjax.layers import layer_stack
-from ptmjax.model_dir import ModelDir
+from ptmjax.storage.model_dir import ModelDir
 from ptmjax.training.trainer import Trainer
 from ptmjax.tree_paths import overlay, shapes_by_path, subtree
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ptmjax.model_dir import ModelDir
-from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.storage.checkpoints import Checkpointer
+from ptmjax.storage.model_dir import ModelDir
 
 
 class ParamsFolder:

@@ -25,11 +25,11 @@ from ptmjax import partitioning
 from ptmjax.data import pipeline, tokenizer_dir
 from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.evaluation.head_evaluator import evaluator_for
-from ptmjax.model_dir import ModelDir
+from ptmjax.storage.checkpoints import Checkpointer
+from ptmjax.storage.damaged_checkpoints import restore_newest_intact
+from ptmjax.storage.model_dir import ModelDir
 from ptmjax.training import compilation_cache
 from ptmjax.training.best_checkpoint import BestCheckpoint
-from ptmjax.training.checkpoints import Checkpointer
-from ptmjax.training.damaged_checkpoints import restore_newest_intact
 from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.params_folder import ParamsFolder
 from ptmjax.training.resume_check import check_resumable

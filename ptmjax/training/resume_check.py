@@ -3,7 +3,7 @@ checkpoint holds."""
 
 from __future__ import annotations
 
-from ptmjax.model_dir import ModelDir
+from ptmjax.storage.model_dir import ModelDir
 from ptmjax.training.train_state import TrainState
 from ptmjax.tree_paths import shapes_by_path
 

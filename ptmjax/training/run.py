@@ -32,6 +32,7 @@ from ptmjax import partitioning
 from ptmjax.data import pipeline
 from ptmjax.decoding import DecodeConfig
 from ptmjax.families.token_loss import LossConfig
+from ptmjax.tasks import pretraining  # noqa: F401 - registers the default mixture, "ptmjax_pretrain"
 from ptmjax.training import compilation_cache, multihost
 from ptmjax.training.callbacks.callback import Callback
 from ptmjax.training.callbacks.checkpointing import Checkpointing

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from ptmjax.model_dir import ModelDir
+from ptmjax.storage.model_dir import ModelDir
 from ptmjax.training import multihost
 
 _HELD: set[str] = set()  # lock files this process holds: its own pid in any other lock file is a reused pid

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ptmjax.model_dir import ModelDir
+from ptmjax.storage.model_dir import ModelDir
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainer import Trainer
 from ptmjax.tree_paths import overlay, shapes_by_path, subtree

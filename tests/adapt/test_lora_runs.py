@@ -13,7 +13,7 @@ from ptmjax import gin_files
 from ptmjax.adapt.lora import LORA_PARAMS
 from ptmjax.convert import checkpoint
 from ptmjax.families.model_api import model_api
-from ptmjax.model_dir import ModelDir
+from ptmjax.storage.model_dir import ModelDir
 from ptmjax.training import run
 from ptmjax.tree_paths import shapes_by_path
 

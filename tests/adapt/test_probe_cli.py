@@ -13,9 +13,10 @@ from flax import linen as nn
 
 from ptmjax import cli
 from ptmjax.convert.checkpoint import model_gin
-from ptmjax.data import qa_task, vocabularies
-from ptmjax.model_dir import ModelDir
+from ptmjax.data import vocabularies
 from ptmjax.models import Bert, BertConfig
+from ptmjax.storage.model_dir import ModelDir
+from ptmjax.tasks import question_answering
 
 CONFIG = BertConfig(vocab_size=2100, d_model=32, num_heads=2, num_layers=2, d_ff=64, max_length=40, nsp_head=False,
                     dropout_rate=0.0, attention_dropout_rate=0.0)
@@ -37,10 +38,10 @@ def single_token_clozes(max_length):
     """Validation questions whose answer is one SentencePiece id and whose row ([MASK] for the blank, EOS) fits."""
     vocabulary = vocabularies.stdlib_sentencepiece_vocabulary()
     count = 0
-    for question in qa_task.cloze_questions("validation"):
-        blank_first = question.question[0] == qa_task.BLANK
+    for question in question_answering.cloze_questions("validation"):
+        blank_first = question.question[0] == question_answering.BLANK
         answer = vocabulary.encode(question.answer if blank_first else " " + question.answer)
-        words = [w for w in question.question if w != qa_task.BLANK]
+        words = [w for w in question.question if w != question_answering.BLANK]
         length = sum(len(vocabulary.encode(w if i == 0 and not blank_first else " " + w)) for i, w in enumerate(words))
         count += len(answer) == 1 and length + 2 <= max_length  # + the blank and EOS
     return count

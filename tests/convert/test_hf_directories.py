@@ -17,8 +17,8 @@ import pytest
 
 from ptmjax import cli, gin_files
 from ptmjax.families.model_api import model_api
-from ptmjax.model_dir import ModelDir
 from ptmjax.models import AlbertConfig, BartConfig, BertConfig, ElectraConfig, GPT2Config, T5Config
+from ptmjax.storage.model_dir import ModelDir
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -20,9 +20,9 @@ from ptmjax.data import corpus, vocabularies
 from ptmjax.data.hf_tokenizer_vocabulary import HfTokenizerVocabulary
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.model_api import model_api
-from ptmjax.model_dir import ModelDir
 from ptmjax.models import EncoderDecoder, T5Config
-from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.storage.checkpoints import Checkpointer
+from ptmjax.storage.model_dir import ModelDir
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

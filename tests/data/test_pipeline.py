@@ -10,8 +10,9 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from ptmjax.data import corpus, pipeline, tasks, vocabularies
+from ptmjax.data import corpus, pipeline, vocabularies
 from ptmjax.objectives import span_corruption
+from ptmjax.tasks import pretraining, registry
 
 LENGTHS = {"inputs": 64, "targets": 16}
 PACKED = pipeline.ENCDEC_FEATURES + pipeline.PACKING_FEATURES
@@ -26,20 +27,20 @@ def batches(name, n, *, split="train", batch_size=4, seed=0, shuffle=True, **kwa
 def short_examples_task() -> str:
     """Documents not concatenated, so many examples are short and packing has work."""
     name = "test_ptmjax_stdlib_unconcatenated"
-    preprocessors = tasks.span_corruption_preprocessors("text")
+    preprocessors = pretraining.span_corruption_preprocessors("text")
     preprocessors[3] = functools.partial(span_corruption.span_corruption, documents_per_stream=1)
     source = seqio.FunctionDataSource(corpus.stdlib_dataset_fn, splits=corpus.SPLITS)
-    tasks.register_task(name, source, preprocessors, vocabularies.default_vocabulary())
+    registry.register_task(name, source, preprocessors, vocabularies.default_vocabulary())
     return name
 
 
 def test_shapes_and_dtypes():
-    (packed,) = batches(tasks.PRETRAIN_MIXTURE, 1)
+    (packed,) = batches(pretraining.PRETRAIN_MIXTURE, 1)
     assert sorted(packed) == sorted(PACKED)
     for key, value in packed.items():
         assert value.dtype == np.int32
         assert value.shape == (4, LENGTHS["inputs"] if key.startswith("encoder") else LENGTHS["targets"])
-    (unpacked,) = batches(tasks.STDLIB_TASK, 1, pack=False)
+    (unpacked,) = batches(pretraining.STDLIB_TASK, 1, pack=False)
     assert sorted(unpacked) == sorted(pipeline.ENCDEC_FEATURES)
     assert unpacked["encoder_input_tokens"].shape == (4, 64)
 
@@ -73,9 +74,9 @@ def test_packing_segments_and_positions(short_examples_task):
 
 
 def test_deterministic_per_seed():
-    first = batches(tasks.STDLIB_TASK, 2, seed=5)
-    again = batches(tasks.STDLIB_TASK, 2, seed=5)
-    other = batches(tasks.STDLIB_TASK, 2, seed=6)
+    first = batches(pretraining.STDLIB_TASK, 2, seed=5)
+    again = batches(pretraining.STDLIB_TASK, 2, seed=5)
+    other = batches(pretraining.STDLIB_TASK, 2, seed=6)
     for a, b in zip(first, again, strict=True):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
@@ -84,7 +85,7 @@ def test_deterministic_per_seed():
 
 def test_no_autotune_thread_and_the_same_batches_as_with_one():
     """Deleting an iterator could wait out the autotuning thread's period (up to 60 s) at the end of a run."""
-    make = functools.partial(pipeline.get_dataset, tasks.STDLIB_TASK, "train", LENGTHS, 4, seed=3, shuffle=True)
+    make = functools.partial(pipeline.get_dataset, pretraining.STDLIB_TASK, "train", LENGTHS, 4, seed=3, shuffle=True)
     assert make().options().autotune.enabled is False
     autotuned = tf.data.Options()
     autotuned.autotune.enabled = True
@@ -96,21 +97,23 @@ def test_no_autotune_thread_and_the_same_batches_as_with_one():
 
 def test_seqio_advice_to_cache_a_shuffled_task_is_dropped_while_building_a_pipeline(caplog):
     """A restart skips to its position in the same seeded pipeline, so seqio's advice does not apply."""
-    task = seqio.get_mixture_or_task(tasks.STDLIB_TASK)
+    task = seqio.get_mixture_or_task(pretraining.STDLIB_TASK)
     with caplog.at_level(logging.WARNING):
         task.get_dataset(LENGTHS, split="train", shuffle=True, seed=0)
     assert pipeline.UNCACHED_SOURCE_ADVICE in caplog.text  # what seqio says
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        batches(tasks.STDLIB_TASK, 1)
-        batches(tasks.PRETRAIN_MIXTURE, 1)
+        batches(pretraining.STDLIB_TASK, 1)
+        batches(pretraining.PRETRAIN_MIXTURE, 1)
         assert pipeline.UNCACHED_SOURCE_ADVICE not in caplog.text
         task.get_dataset(LENGTHS, split="train", shuffle=True, seed=0)  # outside the pipeline: seqio's again
     assert pipeline.UNCACHED_SOURCE_ADVICE in caplog.text
 
 
 def test_resumable_iterator_matches_a_fresh_one():
-    make = functools.partial(pipeline.get_dataset, tasks.PRETRAIN_MIXTURE, "train", LENGTHS, 2, seed=1, shuffle=True)
+    make = functools.partial(
+        pipeline.get_dataset, pretraining.PRETRAIN_MIXTURE, "train", LENGTHS, 2, seed=1, shuffle=True
+    )
     fresh = pipeline.ResumableIterator(make)
     reference = [next(fresh) for _ in range(5)]
     state = json.loads(json.dumps(fresh.state()))
@@ -124,7 +127,7 @@ def test_resumable_iterator_matches_a_fresh_one():
 
 
 def test_validation_is_finite_and_decodes_to_validation_text():
-    ds = pipeline.get_dataset(tasks.STDLIB_TASK, "validation", LENGTHS, 4, seed=0, shuffle=False, num_epochs=1)
+    ds = pipeline.get_dataset(pretraining.STDLIB_TASK, "validation", LENGTHS, 4, seed=0, shuffle=False, num_epochs=1)
     all_batches = list(ds.as_numpy_iterator())
     raw_tokens = 29_773 / 4  # characters / a generous 4 characters per token
     assert 0 < len(all_batches) < raw_tokens / 70
@@ -135,18 +138,18 @@ def test_validation_is_finite_and_decodes_to_validation_text():
 
 
 def test_byte_mixture_and_shards():
-    (b,) = batches(tasks.PRETRAIN_BYTE_MIXTURE, 1)
+    (b,) = batches(pretraining.PRETRAIN_BYTE_MIXTURE, 1)
     assert b["encoder_input_tokens"].max() < 359 and b["decoder_target_tokens"].max() == 358  # <extra_id_0>
-    (s0,) = batches(tasks.STDLIB_TASK, 1, shuffle=False, shard_index=0, num_shards=2)
-    (s1,) = batches(tasks.STDLIB_TASK, 1, shuffle=False, shard_index=1, num_shards=2)
+    (s0,) = batches(pretraining.STDLIB_TASK, 1, shuffle=False, shard_index=0, num_shards=2)
+    (s1,) = batches(pretraining.STDLIB_TASK, 1, shuffle=False, shard_index=1, num_shards=2)
     assert not np.array_equal(s0["encoder_input_tokens"], s1["encoder_input_tokens"])
 
 
 def test_text_files_task(tmp_path):
     lines = [f"Line {i} says that the quick brown fox jumps over the lazy dog number {i}." for i in range(200)]
     (tmp_path / "train.txt").write_text("\n".join(lines))
-    tasks.register_text_files_task("test_ptmjax_text_files", str(tmp_path / "train.txt"))
-    tasks.register_text_files_task("test_ptmjax_text_files", str(tmp_path / "train.txt"))  # again: replaces
+    pretraining.register_text_files_task("test_ptmjax_text_files", str(tmp_path / "train.txt"))
+    pretraining.register_text_files_task("test_ptmjax_text_files", str(tmp_path / "train.txt"))  # again: replaces
     (b,) = batches("test_ptmjax_text_files", 1, shuffle=False, pack=False)
     text = vocabularies.default_vocabulary().decode([t for t in b["encoder_input_tokens"][0] if t < 2000])
     assert "quick brown fox" in text or "lazy dog" in text
@@ -154,22 +157,22 @@ def test_text_files_task(tmp_path):
 
 def test_errors_name_the_bad_value():
     with pytest.raises(ValueError, match="unknown split 'dev'.*train"):
-        pipeline.get_dataset(tasks.STDLIB_TASK, "dev", LENGTHS, 2, seed=0, shuffle=False)
+        pipeline.get_dataset(pretraining.STDLIB_TASK, "dev", LENGTHS, 2, seed=0, shuffle=False)
     with pytest.raises(ValueError, match="unknown task or mixture 'ptmjax_nope'.*ptmjax_pretrain"):
         pipeline.get_dataset("ptmjax_nope", "train", LENGTHS, 2, seed=0, shuffle=False)
 
 
 def test_registering_defaults_twice_is_fine():
-    tasks.register_defaults()
-    assert seqio.get_mixture_or_task(tasks.PRETRAIN_MIXTURE).tasks[0].name == tasks.STDLIB_TASK
+    pretraining.register_defaults()
+    assert seqio.get_mixture_or_task(pretraining.PRETRAIN_MIXTURE).tasks[0].name == pretraining.STDLIB_TASK
 
 
 def test_padded_final_batch_keeps_every_example():
     """Evaluation batches cover the whole split: the remainder is padded, not dropped."""
     kwargs = dict(seed=0, shuffle=False, pack=False, num_epochs=1)
-    every = [b for b in pipeline.get_dataset(tasks.STDLIB_TASK, "validation", LENGTHS, 1, **kwargs).as_numpy_iterator()]
+    every = list(pipeline.get_dataset(pretraining.STDLIB_TASK, "validation", LENGTHS, 1, **kwargs).as_numpy_iterator())
     padded = list(pipeline.get_dataset(
-        tasks.STDLIB_TASK, "validation", LENGTHS, 7, pad_final_batch=True, **kwargs
+        pretraining.STDLIB_TASK, "validation", LENGTHS, 7, pad_final_batch=True, **kwargs
     ).as_numpy_iterator())
     assert len(every) % 7, "pick a batch size that leaves a remainder"
     assert all(b["encoder_input_tokens"].shape == (7, LENGTHS["inputs"]) for b in padded)
@@ -183,7 +186,7 @@ def test_padded_final_batch_keeps_every_example():
 def test_causal_lm_task_feeds_a_decoder_only_model():
     """Decoder-only features: inputs are the targets shifted right within each packed segment."""
     (batch,) = list(itertools.islice(pipeline.get_dataset(
-        tasks.STDLIB_LM_TASK, "train", {"targets": 32}, 4, seed=0, shuffle=True,
+        pretraining.STDLIB_LM_TASK, "train", {"targets": 32}, 4, seed=0, shuffle=True,
         feature_converter=seqio.DecoderFeatureConverter,
     ).as_numpy_iterator(), 1))
     assert set(batch) == {"decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights",

@@ -58,7 +58,8 @@ def test_trained_on_first_use_then_loaded_from_cache(tmp_path, monkeypatch):
 
 def test_importing_the_registry_does_not_train(tmp_path):
     env = {**os.environ, "PTMJAX_CACHE_DIR": str(tmp_path)}
-    code = "import ptmjax.data.tasks, seqio; print(sorted(n for n in seqio.TaskRegistry.names() if 'ptmjax' in n))"
+    code = ("import ptmjax.tasks.pretraining, seqio; "
+            "print(sorted(n for n in seqio.TaskRegistry.names() if 'ptmjax' in n))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "ptmjax_c4_span_corruption" in out.stdout and "ptmjax_stdlib_span_corruption" in out.stdout
     assert list(tmp_path.rglob("*.model")) == []

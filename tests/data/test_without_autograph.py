@@ -10,9 +10,9 @@ import pytest
 import seqio
 import tensorflow as tf
 
-import ptmjax.data.classification_head_task  # noqa: F401 - registers the tasks compared below
-import ptmjax.data.objective_tasks  # noqa: F401
-import ptmjax.data.summary_tasks  # noqa: F401
+import ptmjax.tasks.classification_head  # noqa: F401 - registers the tasks compared below
+import ptmjax.tasks.objective_mixture  # noqa: F401
+import ptmjax.tasks.summaries  # noqa: F401
 from ptmjax.data import pipeline
 from ptmjax.data.without_autograph import without_autograph, without_autograph_converter
 

@@ -11,9 +11,9 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from ptmjax import metrics
 from ptmjax.data import vocabularies
-from ptmjax.evaluation import metrics
-from ptmjax.evaluation.tasks import common
+from ptmjax.tasks import text_to_text
 
 PREDICT_TASK = "ptmjax_test_eval_predict"
 SCORE_TASK = "ptmjax_test_eval_score"
@@ -53,8 +53,8 @@ def _dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) -> tf.
 def register() -> None:
     source = seqio.FunctionDataSource(_dataset_fn, splits=("validation",))
     vocabulary = vocabularies.stdlib_sentencepiece_vocabulary()
-    common.register_task(PREDICT_TASK, source, None, vocabulary, (metrics.rouge, record_predictions))
-    common.register_task(SCORE_TASK, source, None, vocabulary, (record_scores,))
+    text_to_text.register(PREDICT_TASK, source, None, vocabulary, (metrics.rouge, record_predictions))
+    text_to_text.register(SCORE_TASK, source, None, vocabulary, (record_scores,))
     seqio.MixtureRegistry.remove(MIXTURE)
     seqio.MixtureRegistry.add(MIXTURE, [PREDICT_TASK, SCORE_TASK], default_rate=1.0)
 

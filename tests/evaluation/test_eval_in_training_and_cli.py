@@ -13,8 +13,8 @@ from test_evaluator import VOCAB, assert_matches_the_model_api
 from ptmjax import cli, gin_files
 from ptmjax.decoding import GenerationIds
 from ptmjax.families.model_api import model_api
-from ptmjax.model_dir import ModelDir
 from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.storage.model_dir import ModelDir
 from ptmjax.training.run import train
 
 BEST = f"{eval_tasks.SCORE_TASK}/mean_log_likelihood"

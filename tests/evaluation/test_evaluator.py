@@ -9,10 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from ptmjax import partitioning
+from ptmjax import metrics, partitioning
 from ptmjax.data import vocabularies
 from ptmjax.decoding import DecodeConfig, GenerationIds
-from ptmjax.evaluation import metrics
 from ptmjax.evaluation.evaluator import InferenceEvaluator
 from ptmjax.families.model_api import model_api
 from ptmjax.models import GPT2

@@ -9,12 +9,8 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from ptmjax import cli, gin_files, partitioning
+from ptmjax import cli, gin_files, metrics, partitioning
 from ptmjax.data import pipeline
-from ptmjax.data.classification_head_task import MODULE_HEAD_TASK
-from ptmjax.data.qa_task import QA_TASK
-from ptmjax.data.tagging_task import TAGGING_TASK, TAGS
-from ptmjax.evaluation import metrics
 from ptmjax.evaluation.head_evaluator import HeadEvaluator
 from ptmjax.families.model_api import model_api
 from ptmjax.models import (
@@ -24,6 +20,9 @@ from ptmjax.models import (
     EncoderForTokenClassification,
 )
 from ptmjax.partitioning import MeshConfig
+from ptmjax.tasks.classification_head import MODULE_HEAD_TASK
+from ptmjax.tasks.question_answering import QA_TASK
+from ptmjax.tasks.tagging import TAGGING_TASK, TAGS
 from ptmjax.training import run
 
 CONFIG = BertConfig(vocab_size=2176, d_model=32, num_heads=2, num_layers=2, d_ff=64, max_length=64,

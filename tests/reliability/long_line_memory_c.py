@@ -9,7 +9,8 @@ import json
 import resource
 import sys
 
-from ptmjax.data import pipeline, tasks
+from ptmjax.data import pipeline
+from ptmjax.tasks import pretraining
 
 
 def peak_resident_bytes() -> int:
@@ -23,7 +24,7 @@ def address_space_bytes() -> int:
 
 
 def first_batch(name: str, path: str) -> None:
-    tasks.register_text_files_task(name, path)
+    pretraining.register_text_files_task(name, path)
     dataset = pipeline.get_dataset(name, "train", {"inputs": 32, "targets": 8}, 8, seed=0, shuffle=False)
     next(dataset.as_numpy_iterator())
 

@@ -6,11 +6,11 @@ import os
 import jax
 import numpy as np
 
-from ptmjax.data import tasks  # noqa: F401  (registers the tasks)
-from ptmjax.model_dir import ModelDir
 from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.storage.checkpoints import Checkpointer
+from ptmjax.storage.model_dir import ModelDir
+from ptmjax.tasks import pretraining  # noqa: F401 - registers the built-in tasks
 from ptmjax.training import run_spec
-from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.run import TrainResult, train
 from ptmjax.training.trainer import Trainer
 

@@ -4,8 +4,8 @@ import json
 import os
 from collections import Counter
 
-from ptmjax.data import tasks  # noqa: F401  (registers the tasks)
 from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.tasks import pretraining  # noqa: F401 - registers the built-in tasks
 from ptmjax.training.run import train
 
 CONFIG = T5Config(

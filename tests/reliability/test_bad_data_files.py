@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from ptmjax.data import pipeline, tasks, text_files, vocabularies
+from ptmjax.data import pipeline, text_files, vocabularies
 from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.tasks import pretraining
 from ptmjax.training.run import train
 
 CONFIG = T5Config(
@@ -25,7 +26,7 @@ def test_an_empty_training_file_stops_the_run_before_any_step_naming_it(tmp_path
     """Unfixed: a bare StopIteration at the first step."""
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    task = tasks.register_text_files_task("reliability_c_empty", str(empty))
+    task = pretraining.register_text_files_task("reliability_c_empty", str(empty))
     model_dir = tmp_path / "run"
     with pytest.raises(ValueError, match=f"^the 'train' files hold no text \\(empty or blank\\): {empty}; point"):
         train(str(model_dir), model=EncoderDecoder(CONFIG), mixture_or_task_name=task, task_feature_lengths=LENGTHS,
@@ -50,18 +51,19 @@ def test_a_mostly_binary_file_is_refused_naming_it(tmp_path):
     good.write_text(TEXT)
     empty.write_text("")  # an empty file beside text is fine
     binary.write_bytes(bytes(range(256)) * 400 + TEXT.encode())  # 61% control characters or invalid UTF-8
-    tasks.register_text_files_task("reliability_c_binary", [str(good), str(empty), str(binary)], vocabulary=_bytes())
+    files = [str(good), str(empty), str(binary)]
+    pretraining.register_text_files_task("reliability_c_binary", files, vocabulary=_bytes())
     size = os.path.getsize(binary)
     with pytest.raises(ValueError, match=f"^{binary} is binary, not text: at least 62,400 of its {size:,} bytes"):
         first_batch("reliability_c_binary")
-    tasks.register_text_files_task("reliability_c_text", [str(good), str(empty)], vocabulary=_bytes())
+    pretraining.register_text_files_task("reliability_c_text", [str(good), str(empty)], vocabulary=_bytes())
     assert first_batch("reliability_c_text")["encoder_input_tokens"].any()
 
 
 def test_invalid_utf8_warns_with_the_count_of_undecodable_bytes_and_trains(tmp_path):
     path = tmp_path / "latin1.txt"
     path.write_bytes(TEXT.encode() + "Caf\xe9 cr\xe8me, na\xefve.\n".encode("latin-1") * 10 + b"\xff\xfe\n")
-    tasks.register_text_files_task("reliability_c_latin1", str(path), vocabulary=_bytes())
+    pretraining.register_text_files_task("reliability_c_latin1", str(path), vocabulary=_bytes())
     size = os.path.getsize(path)
     with pytest.warns(UserWarning, match=f"^{path}: 32 of its {size:,} bytes are not valid UTF-8; .* convert"):
         assert first_batch("reliability_c_latin1")["encoder_input_tokens"].any()

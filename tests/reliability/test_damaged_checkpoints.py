@@ -1,6 +1,6 @@
 """A damaged newest checkpoint is set aside and the run resumes from the previous good one; the checkpointer
 shuts down cleanly on every way out (no "Event loop is closed" from Orbax's threads, made an error here), and
-the TensorStore reads a failed restore leaves in flight report nothing (ptmjax.training.checkpoints drops them)."""
+the TensorStore reads a failed restore leaves in flight report nothing (ptmjax.storage.checkpoints drops them)."""
 
 import dataclasses
 import glob
@@ -12,8 +12,8 @@ from reliability_helpers_a import CONFIG, records, run, saved_steps, train_losse
 
 from ptmjax import partitioning
 from ptmjax.models import EncoderDecoder
-from ptmjax.training.checkpoints import Checkpointer
-from ptmjax.training.damaged_checkpoints import restore_newest_intact
+from ptmjax.storage.checkpoints import Checkpointer
+from ptmjax.storage.damaged_checkpoints import restore_newest_intact
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.schedules import rsqrt_with_warmup
 from ptmjax.training.trainer import Trainer

@@ -6,7 +6,7 @@ import pytest
 from orbax.checkpoint._src.checkpointers import async_checkpointer
 from reliability_helpers_a import records, run, saved_steps
 
-from ptmjax.training.checkpoints import CheckpointSaveError
+from ptmjax.storage.checkpoints import CheckpointSaveError
 
 
 def fail_the_second_save(monkeypatch) -> None:

@@ -10,7 +10,8 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from ptmjax.data import document_pieces, pipeline, tasks, vocabularies
+from ptmjax.data import document_pieces, pipeline, vocabularies
+from ptmjax.tasks import pretraining, registry
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WORDS = "Résumé of a long line: the quick brown fox jumps over the lazy dog, 中文 too. "
@@ -25,7 +26,7 @@ def test_a_long_line_reaches_the_tokenizer_in_bounded_deterministic_pieces(tmp_p
     line = WORDS.encode() * 30_000  # 2.5 MB
     path = tmp_path / "one_long_line.txt"
     path.write_bytes(b"A short first document.\n" + line + b"\nA short last document.\n")
-    task = tasks.register_text_files_task("reliability_c_long_line", str(path))
+    task = pretraining.register_text_files_task("reliability_c_long_line", str(path))
     documents = source_documents(task)
     assert documents[0] == b"A short first document." and documents[-1] == b"A short last document."
     pieces = documents[1:-1]
@@ -44,7 +45,7 @@ def test_pieces_never_cut_a_utf8_character_and_join_to_the_text():
     not_utf8 = b"\xff" * 100
     assert b"".join(document_pieces.document_pieces(tf.constant(not_utf8), 8).numpy()) == not_utf8
     with pytest.raises(ValueError, match="max_document_bytes=2 must be an integer of at least 4"):
-        tasks.register_text_files_task("reliability_c_bad_bound", "unused.txt", max_document_bytes=2)
+        pretraining.register_text_files_task("reliability_c_bad_bound", "unused.txt", max_document_bytes=2)
 
 
 def test_batches_of_ordinary_lines_are_unchanged(tmp_path):
@@ -52,9 +53,10 @@ def test_batches_of_ordinary_lines_are_unchanged(tmp_path):
     path = tmp_path / "lines.txt"
     path.write_text("".join(f"Document {i}: {WORDS * (i % 7 + 1)}\n" for i in range(300)))
     vocabulary = vocabularies.byte_vocabulary()
-    plain_lines = [seqio.map_over_dataset(lambda line: {"text": line}), *tasks.span_corruption_preprocessors()]
-    tasks.register_task("reliability_c_plain", seqio.TextLineDataSource({"train": str(path)}), plain_lines, vocabulary)
-    tasks.register_text_files_task("reliability_c_checked", str(path), vocabulary=vocabulary)
+    plain_lines = [seqio.map_over_dataset(lambda line: {"text": line}), *pretraining.span_corruption_preprocessors()]
+    source = seqio.TextLineDataSource({"train": str(path)})
+    registry.register_task("reliability_c_plain", source, plain_lines, vocabulary)
+    pretraining.register_text_files_task("reliability_c_checked", str(path), vocabulary=vocabulary)
     plain, checked = (
         pipeline.get_dataset(name, "train", LENGTHS, 8, seed=3, shuffle=True).take(4).as_numpy_iterator()
         for name in ("reliability_c_plain", "reliability_c_checked")

@@ -14,7 +14,7 @@ from reliability_helpers_a import (
     saved_steps,
 )
 
-from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.storage.checkpoints import Checkpointer
 from ptmjax.training.nonfinite import NonFiniteError, NonFiniteMonitor, NonFinitePolicy
 
 

@@ -7,8 +7,8 @@ import gin
 import pytest
 from reliability_helpers_b import records, run
 
-from ptmjax.data import tasks
-from ptmjax.model_dir import ModelDir
+from ptmjax.storage.model_dir import ModelDir
+from ptmjax.tasks import pretraining, registry
 from ptmjax.training import run_spec
 from ptmjax.training.trainer import Trainer
 
@@ -21,7 +21,7 @@ def text_task(tmp_path, name, validation_text=None):
     if validation_text is not None:
         validation = str(tmp_path / "valid.txt")
         (tmp_path / "valid.txt").write_text(validation_text)
-    return tasks.register_text_files_task(name, str(tmp_path / "train.txt"), validation)
+    return pretraining.register_text_files_task(name, str(tmp_path / "train.txt"), validation)
 
 
 @pytest.mark.parametrize(
@@ -65,8 +65,8 @@ def test_a_validation_source_that_yields_nothing_fails_before_any_step(tmp_path,
 
     name = "reliability_b_empty_source"
     source = seqio.FunctionDataSource(documents, splits=("train", "validation"))
-    vocabulary = tasks.vocabularies.default_vocabulary()
-    task = tasks.register_task(name, source, tasks.span_corruption_preprocessors(), vocabulary)
+    vocabulary = pretraining.vocabularies.default_vocabulary()
+    task = registry.register_task(name, source, pretraining.span_corruption_preprocessors(), vocabulary)
     if as_mixture:
         seqio.MixtureRegistry.remove(f"{name}_mixture")
         task = seqio.MixtureRegistry.add(f"{name}_mixture", [(task.name, 1.0)])

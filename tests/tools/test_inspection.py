@@ -14,8 +14,8 @@ from jax.sharding import PartitionSpec as P
 from ptmjax import cli, partitioning
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.partitioning import MeshConfig
+from ptmjax.storage.checkpoints import Checkpointer
 from ptmjax.tools.inspection import format_bytes, inspect_arrays, inspect_checkpoint
-from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.optimizers import adamw
 from ptmjax.training.schedules import warmup_cosine
 from ptmjax.training.trainer import Trainer

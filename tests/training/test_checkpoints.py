@@ -7,7 +7,7 @@ import pytest
 from ptmjax import partitioning
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.storage.checkpoints import Checkpointer
 from ptmjax.training.optimizers import adamw
 from ptmjax.training.schedules import warmup_cosine
 from ptmjax.training.trainer import Trainer

@@ -18,7 +18,7 @@ from ptmjax.families.model_api import model_api
 from ptmjax.layers.layer_stack import scan, unscan
 from ptmjax.models import GPT2, Bert, BertConfig, EncoderDecoder, GPT2Config, T5Config
 from ptmjax.partitioning import MeshConfig
-from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.storage.checkpoints import Checkpointer
 from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.trainer import Trainer
 from ptmjax.tree_paths import leaves_by_path

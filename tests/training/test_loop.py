@@ -11,10 +11,10 @@ import pytest
 from tensorboard_helpers import tensorboard_scalars
 
 from ptmjax import partitioning
-from ptmjax.data import tasks  # noqa: F401  (registers the tasks)
 from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.storage.checkpoints import Checkpointer
+from ptmjax.tasks import pretraining  # noqa: F401 - registers the built-in tasks
 from ptmjax.training import run_spec, step_clock
-from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.run import train
 from ptmjax.training.schedules import rsqrt_with_warmup

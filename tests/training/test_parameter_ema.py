@@ -14,8 +14,8 @@ from reliability.reliability_helpers_a import assert_trees_equal, records, run, 
 
 import ptmjax
 from ptmjax import partitioning
-from ptmjax.model_dir import ModelDir
 from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.storage.model_dir import ModelDir
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.parameter_ema import ParameterEma
 from ptmjax.training.run_spec import RunSpec

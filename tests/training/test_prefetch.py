@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from ptmjax import partitioning
-from ptmjax.data import pipeline, tasks
+from ptmjax.data import pipeline
 from ptmjax.models import EncoderDecoder, T5Config
-from ptmjax.training.checkpoints import Checkpointer
+from ptmjax.storage.checkpoints import Checkpointer
+from ptmjax.tasks import pretraining
 from ptmjax.training.prefetch import DevicePrefetcher
 from ptmjax.training.run import train
 
@@ -101,7 +102,7 @@ def test_the_pipelines_batches_on_the_mesh_are_unchanged_and_resume_where_taken(
     mesh = partitioning.make_mesh(partitioning.MeshConfig())
 
     def make_dataset():
-        return pipeline.get_dataset(tasks.STDLIB_TASK, "train", LENGTHS, 8, seed=3, shuffle=True)
+        return pipeline.get_dataset(pretraining.STDLIB_TASK, "train", LENGTHS, 8, seed=3, shuffle=True)
 
     def to_device(batch):
         return partitioning.global_batch(batch, mesh)

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from ptmjax.data import tasks  # noqa: F401  (registers the tasks)
 from ptmjax.families.model_api import model_api
-from ptmjax.model_dir import ModelDir
 from ptmjax.models import EncoderDecoder, T5Config
+from ptmjax.storage.model_dir import ModelDir
+from ptmjax.tasks import pretraining  # noqa: F401 - registers the built-in tasks
 from ptmjax.training.run import train
 from ptmjax.tree_paths import leaves_by_path, shapes_by_path
 

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ptmjax.adapt.probing.text_rows import TextRows, batches
-from ptmjax.data import qa_task
 from ptmjax.families.registry import family_of
+from ptmjax.tasks import question_answering
 
 
 class Cloze(NamedTuple):
@@ -35,8 +35,8 @@ class Cloze(NamedTuple):
 def qa_clozes(split: str = "validation") -> list[Cloze]:
     """The questions of the embedded cloze QA task's split as clozes."""
     clozes = []
-    for question in qa_task.cloze_questions(split):
-        blank = question.question.index(qa_task.BLANK)
+    for question in question_answering.cloze_questions(split):
+        blank = question.question.index(question_answering.BLANK)
         clozes.append(Cloze(question.question[:blank], question.question[blank + 1 :], question.answer))
     return clozes
 

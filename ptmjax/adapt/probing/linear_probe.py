@@ -24,9 +24,10 @@ from sklearn.preprocessing import StandardScaler
 from ptmjax.adapt.probing.layer_features import LayerReader
 from ptmjax.adapt.probing.scalar_mix import masked_mean
 from ptmjax.adapt.probing.text_rows import batches
-from ptmjax.data import classification_head_task, pipeline
+from ptmjax.data import pipeline
+from ptmjax.tasks import classification_head
 
-DEFAULT_TASK = classification_head_task.MODULE_HEAD_TASK
+DEFAULT_TASK = classification_head.MODULE_HEAD_TASK
 
 
 def labelled_texts(task_name: str, split: str) -> list[tuple[str, int]]:

@@ -13,7 +13,7 @@ import seqio
 from ptmjax import gin_files
 from ptmjax.adapt.probing.layer_features import plain_model
 from ptmjax.families.model_api import model_api
-from ptmjax.model_dir import CONFIG_FILE, ModelDir
+from ptmjax.storage.model_dir import CONFIG_FILE, ModelDir
 
 
 @dataclasses.dataclass(frozen=True)

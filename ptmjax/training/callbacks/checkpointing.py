@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ptmjax.storage.checkpoints import Checkpointer
 from ptmjax.training.callbacks.callback import Periodic, StepEvent
-from ptmjax.training.checkpoints import Checkpointer
 from ptmjax.training.nonfinite import NonFiniteMonitor, check_finite_state
 from ptmjax.training.saved_part import SavedPart
 
