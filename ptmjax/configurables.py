@@ -9,7 +9,7 @@ from ptmjax import partitioning  # noqa: F401
 from ptmjax.adapt import adapters, bitfit, lora, p_tuning, prefix_tuning, prompt_tuning
 from ptmjax.data import language_tags  # noqa: F401
 from ptmjax.families import token_loss  # noqa: F401
-from ptmjax.models import albert, bart, bert, electra, encoder_tasks, gpt2, gpt2_tasks, permutation_lm, t5
+from ptmjax.families.registry import MODEL_CLASSES
 from ptmjax.objectives import translation_lm  # noqa: F401
 from ptmjax.storage import checkpoints  # noqa: F401
 from ptmjax.tasks import (  # noqa: F401
@@ -33,24 +33,13 @@ from ptmjax.training import (  # noqa: F401
     schedules,
 )
 
-gin.external_configurable(t5.EncoderDecoder, module="ptmjax.models")
-gin.external_configurable(gpt2.GPT2, module="ptmjax.models")
-gin.external_configurable(bert.Bert, module="ptmjax.models")
-gin.external_configurable(bart.Bart, module="ptmjax.models")
-gin.external_configurable(albert.Albert, module="ptmjax.models")
-gin.external_configurable(electra.ElectraPretraining, module="ptmjax.models")
-gin.external_configurable(electra.ElectraDiscriminator, module="ptmjax.models")
-gin.external_configurable(electra.ElectraGenerator, module="ptmjax.models")
-gin.external_configurable(permutation_lm.PermutationLM, module="ptmjax.models")
+for model_class in MODEL_CLASSES:
+    gin.external_configurable(model_class, module="ptmjax.models")
 gin.external_configurable(lora.lora, module="ptmjax.adapt")
 gin.external_configurable(adapters.adapters, module="ptmjax.adapt")
 gin.external_configurable(prompt_tuning.prompt_tuning, module="ptmjax.adapt")
 gin.external_configurable(p_tuning.p_tuning, module="ptmjax.adapt")
 gin.external_configurable(prefix_tuning.prefix_tuning, module="ptmjax.adapt")
-gin.external_configurable(encoder_tasks.EncoderForSequenceClassification, module="ptmjax.models")
-gin.external_configurable(encoder_tasks.EncoderForTokenClassification, module="ptmjax.models")
-gin.external_configurable(encoder_tasks.EncoderForQuestionAnswering, module="ptmjax.models")
-gin.external_configurable(gpt2_tasks.GPT2ForSequenceClassification, module="ptmjax.models")
 gin.external_configurable(pretraining.register_text_files_task, module="ptmjax.tasks")
 gin.external_configurable(classification_head.register_module_head_task, module="ptmjax.tasks")
 gin.external_configurable(tagging.register_tagging_task, module="ptmjax.tasks")

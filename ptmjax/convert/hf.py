@@ -13,66 +13,41 @@ transformers for the config (`pip install -e ".[hf]"`).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pkgutil
 from collections.abc import Mapping
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
 import flax.linen as nn
 import numpy as np
 
-from ptmjax.convert import hf_albert, hf_bart, hf_bert, hf_electra, hf_gpt2, hf_t5, hf_task_heads
+import ptmjax.convert
+from ptmjax.convert import hf_task_heads
+from ptmjax.convert.hf_heads import Head
 from ptmjax.convert.state_dict import to_numpy
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.registry import family_of
-from ptmjax.models import (
-    GPT2,
-    Albert,
-    Bart,
-    Bert,
-    ElectraDiscriminator,
-    ElectraGenerator,
-    EncoderDecoder,
-)
 
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 PYTORCH, PYTORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
 CONFIG_TOKEN_IDS = ("eos_token_id", "pad_token_id", "decoder_start_token_id", "bos_token_id")
 
 
-class Head(NamedTuple):
-    """One Hugging Face class of a family: the ptmjax module it becomes, and how.
-
-    config_kwargs: passed to `from_hf_config` on import; on export, the config
-      must have these values for this class to hold exactly its parameters.
-    convert_kwargs: passed to `hf_to_params` / `params_to_hf` (ELECTRA's role).
-    """
-
-    model_class: type[nn.Module]
-    config_kwargs: Mapping[str, Any] = {}
-    convert_kwargs: Mapping[str, Any] = {}
+def _converters() -> dict[str, tuple[ModuleType, dict[str, Head]]]:
+    """model_type -> (its converter module, {HF class: Head}), from the `HEADS` of every convert/hf_*.py."""
+    found = {}
+    for info in pkgutil.iter_modules(ptmjax.convert.__path__):
+        if info.name.startswith("hf_"):
+            module = importlib.import_module(f"ptmjax.convert.{info.name}")
+            found.update({model_type: (module, heads) for model_type, heads in getattr(module, "HEADS", {}).items()})
+    return found
 
 
 # model_type -> (the ptmjax.convert.hf_* module, {HF class: Head}); the pre-training heads only.
-FAMILIES: dict[str, tuple[ModuleType, dict[str, Head]]] = {
-    "t5": (hf_t5, {"T5ForConditionalGeneration": Head(EncoderDecoder)}),
-    "gpt2": (hf_gpt2, {"GPT2LMHeadModel": Head(GPT2)}),
-    "bert": (hf_bert, {
-        "BertForPreTraining": Head(Bert, {"nsp_head": True}), "BertForMaskedLM": Head(Bert, {"nsp_head": False}),
-    }),
-    "roberta": (hf_bert, {"RobertaForMaskedLM": Head(Bert, {"nsp_head": False})}),
-    "albert": (hf_albert, {
-        "AlbertForPreTraining": Head(Albert, {"sop_head": True}),
-        "AlbertForMaskedLM": Head(Albert, {"sop_head": False}),
-    }),
-    "electra": (hf_electra, {
-        "ElectraForPreTraining": Head(ElectraDiscriminator, convert_kwargs={"role": "discriminator"}),
-        "ElectraForMaskedLM": Head(ElectraGenerator, convert_kwargs={"role": "generator"}),
-    }),
-    "bart": (hf_bart, {"BartForConditionalGeneration": Head(Bart)}),
-    "mbart": (hf_bart, {"MBartForConditionalGeneration": Head(Bart)}),
-}
+FAMILIES = _converters()
 
 
 def head_of_config(hf_config: Mapping[str, Any]) -> tuple[ModuleType, Head]:

@@ -24,8 +24,14 @@ from ptmjax.convert.hf_encoder import (
     refuse_unless,
     state_to_params,
 )
+from ptmjax.convert.hf_heads import Head
 from ptmjax.convert.state_dict import Params, Rule, field, require
-from ptmjax.models.bert import BertConfig
+from ptmjax.models.bert import Bert, BertConfig
+
+HEADS = {
+    "bert": {"BertForPreTraining": Head(Bert, {"nsp_head": True}), "BertForMaskedLM": Head(Bert, {"nsp_head": False})},
+    "roberta": {"RobertaForMaskedLM": Head(Bert, {"nsp_head": False})},
+}
 
 FAMILY_DEFAULTS = {  # model_type -> what the HF family fixes
     "bert": {"positions_after_padding": False, "pad_token_id": 0, "nsp_head": True},

@@ -30,10 +30,16 @@ from ptmjax.convert.hf_encoder import (
     refuse_unless,
     state_to_params,
 )
+from ptmjax.convert.hf_heads import Head
 from ptmjax.convert.state_dict import Params, Rule, field, require
-from ptmjax.models.electra import ElectraConfig, ElectraPretrainingConfig
+from ptmjax.models.electra import ElectraConfig, ElectraDiscriminator, ElectraGenerator, ElectraPretrainingConfig
 
 Role = Literal["discriminator", "generator"]
+HEADS = {"electra": {
+    "ElectraForPreTraining": Head(ElectraDiscriminator, convert_kwargs={"role": "discriminator"}),
+    "ElectraForMaskedLM": Head(ElectraGenerator, convert_kwargs={"role": "generator"}),
+}}
+
 HF_CLASSES = {"discriminator": "ElectraForPreTraining", "generator": "ElectraForMaskedLM"}
 LAYOUT = HFLayout(
     embeddings="electra.embeddings", layer="electra.encoder.layer.{}", projection="electra.embeddings_project",

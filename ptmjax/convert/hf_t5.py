@@ -22,8 +22,11 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
+from ptmjax.convert.hf_heads import Head
 from ptmjax.convert.state_dict import Params, field, one_to_one, rules_to_params
-from ptmjax.models.t5 import T5Config
+from ptmjax.models.t5 import EncoderDecoder, T5Config
+
+HEADS = {"t5": {"T5ForConditionalGeneration": Head(EncoderDecoder)}}
 
 FEED_FORWARD_PROJ = {"relu": ("relu",), "gated-gelu": ("gelu", "linear")}
 # Keys HF stores that carry no information of their own (tied copies, unused weights).
@@ -32,7 +35,6 @@ IGNORED_HF_KEYS = (
     "decoder.embed_tokens.weight",
     "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",
 )
-
 Rule = tuple[str, tuple[str, ...], Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
 
 

@@ -1,7 +1,7 @@
 """The registered families: one `Family` record per kind of model, and the model classes they belong to.
 
-A new family is its model file (ptmjax/models/), its record and `FAMILIES` entry here, and its Hugging Face
-converter (ptmjax/convert/). `family_of(module)` is how every tool learns what a module is.
+A new family is its model file (ptmjax/models/), its record, `FAMILIES` entry and `MODEL_CLASSES` line here,
+and its Hugging Face converter (ptmjax/convert/). `family_of(module)` is how every tool learns what a module is.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from flax import linen as nn
 from ptmjax import decoding
 from ptmjax.families import cloze_logits, head_predictions, losses
 from ptmjax.families.family import HEAD_CONVERTERS, ConverterName, Family, Kind, ProbedStack, token_inputs
-from ptmjax.models import GPT2
+from ptmjax.models.albert import Albert
+from ptmjax.models.bart import Bart
+from ptmjax.models.bert import Bert
 from ptmjax.models.electra import ElectraDiscriminator, ElectraGenerator, ElectraPretraining
 from ptmjax.models.encoder import MaskedLMEncoder, PostLNEncoder
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
@@ -26,6 +28,7 @@ from ptmjax.models.encoder_tasks import (
     EncoderForTokenClassification,
 )
 from ptmjax.models.flops import t5_training_flops
+from ptmjax.models.gpt2 import GPT2
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
 from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.models.t5 import EncoderDecoder
@@ -159,6 +162,13 @@ FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
     EncoderForQuestionAnswering: lambda module: SPAN_QUESTION_ANSWERING,
     GPT2ForSequenceClassification: decoder_sequence_head_family,
 }
+
+# The model classes a user builds by name: each gin-configurable as `ptmjax.models.<class name>`.
+MODEL_CLASSES: tuple[type[nn.Module], ...] = (
+    EncoderDecoder, Bart, GPT2, Bert, Albert, ElectraPretraining, ElectraDiscriminator, ElectraGenerator,
+    PermutationLM, EncoderForSequenceClassification, EncoderForTokenClassification, EncoderForQuestionAnswering,
+    GPT2ForSequenceClassification,
+)
 
 
 def family_of(module: nn.Module) -> Family:

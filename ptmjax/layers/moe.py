@@ -138,11 +138,7 @@ class MoeConfig(LayerStackConfig):
 
     def moe_block(self, d_ff: int, activations: tuple[str, ...], dropout_rate: float, **module_kwargs) -> MoeBlock:
         """The MoeBlock these options describe; `module_kwargs` are name, dtype and param_dtype."""
-        return MoeBlock(
-            self.num_experts, d_ff, activations, self.moe_top_k, self.moe_train_capacity_factor,
-            self.moe_eval_capacity_factor, self.moe_load_balancing_loss_weight, self.moe_router_z_loss_weight,
-            self.moe_jitter_noise, dropout_rate, self.moe_dropless, **module_kwargs,
-        )
+        return MoeBlock(self, d_ff, activations, dropout_rate, **module_kwargs)
 
 
 def expert_capacity(tokens_per_group: int, top_k: int, capacity_factor: float, num_experts: int) -> int:
@@ -199,47 +195,34 @@ class MoeBlock(nn.Module):
     """Switch/GShard feed-forward block [b, l, embed] -> [b, l, embed], one routing group per row.
 
     Attributes:
-      num_experts: experts per layer (>= 2).
+      moe: the model config's MoE options (`MoeConfig`: num_experts >= 2, moe_top_k, the capacity
+        factors, the sown losses' weights, jitter noise, dropless). Training is `enable_dropout=True`
+        (the train step always passes it, also with dropout_rate 0); eval, scoring and inference pass
+        False. Jitter noise is drawn from the 'dropout' rng.
       d_ff: hidden size of each expert.
       activations: as `MlpBlock`: ('relu',) or gated, e.g. ('gelu', 'linear').
-      top_k: experts per token: 1 = Switch, 2 = GShard.
-      train_capacity_factor / eval_capacity_factor: capacity multipliers. Training
-        is `enable_dropout=True` (the train step always passes it, also with
-        dropout_rate 0); eval, scoring and inference pass False.
-      load_balancing_loss_weight / router_z_loss_weight: weights of the sown losses.
-      jitter_noise: eps of the multiplicative U(1-eps, 1+eps) noise on the router
-        input in training, drawn from the 'dropout' rng; 0 disables it.
       dropout_rate: dropout on the expert hidden activations in training.
-      dropless: no capacity: grouped matmuls over every token's top-k experts (module docstring).
     """
 
-    num_experts: int
+    moe: MoeConfig
     d_ff: int
     activations: tuple[str, ...] = ("relu",)
-    top_k: int = 1
-    train_capacity_factor: float = 1.25
-    eval_capacity_factor: float = 2.0
-    load_balancing_loss_weight: float = 1e-2
-    router_z_loss_weight: float = 1e-3
-    jitter_noise: float = 0.0
     dropout_rate: float = 0.0
-    dropless: bool = False
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
 
     def _router_logits(self, x: Array, enable_dropout: bool) -> Array:
         """x [G, S, embed] -> float32 logits [G, S, E]; the router always runs in float32."""
         x32 = jnp.asarray(x, jnp.float32)
-        if enable_dropout and self.jitter_noise > 0:
-            noise = jax.random.uniform(
-                self.make_rng("dropout"), x32.shape, jnp.float32, 1.0 - self.jitter_noise, 1.0 + self.jitter_noise
-            )
+        eps = self.moe.moe_jitter_noise
+        if enable_dropout and eps > 0:
+            noise = jax.random.uniform(self.make_rng("dropout"), x32.shape, jnp.float32, 1.0 - eps, 1.0 + eps)
             x32 = x32 * noise
         # Small init (0.1 x the usual fan-in scale), as Switch recommends for stability.
         init = nn.initializers.variance_scaling(0.1, "fan_in", "truncated_normal")
         kernel = self.param(
             "router", nn.with_logical_partitioning(init, ("embed", "router_expert")),
-            (x.shape[-1], self.num_experts), self.param_dtype,
+            (x.shape[-1], self.moe.num_experts), self.param_dtype,
         )
         return precision.einsum("gsd,de->gse", x32, jnp.asarray(kernel, jnp.float32))
 
@@ -248,30 +231,29 @@ class MoeBlock(nn.Module):
         init = nn.initializers.variance_scaling(
             1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1, batch_axis=(0,)
         )
-        kernel = self.param(
-            name, nn.with_logical_partitioning(init, ("expert",) + axes), (self.num_experts,) + shape, self.param_dtype
-        )
+        shape = (self.moe.num_experts,) + shape
+        kernel = self.param(name, nn.with_logical_partitioning(init, ("expert",) + axes), shape, self.param_dtype)
         return jnp.asarray(kernel, self.dtype)
 
     @nn.compact
     def __call__(self, x: Array, enable_dropout: bool = False) -> Array:
         check_activations(self.activations)
-        if self.num_experts < 2:
+        if self.moe.num_experts < 2:
             raise ValueError(
-                f"MoeBlock needs num_experts >= 2, got {self.num_experts}; use MlpBlock for a dense layer."
+                f"MoeBlock needs num_experts >= 2, got {self.moe.num_experts}; use MlpBlock for a dense layer."
             )
         groups, tokens, embed = x.shape
         x = nn.with_logical_constraint(jnp.asarray(x, self.dtype), TOKEN_AXES)
         logits = self._router_logits(x, enable_dropout)  # [G, S, E]
-        if self.dropless:
+        if self.moe.moe_dropless:
             return self._dropless(x, logits, enable_dropout)
-        factor = self.train_capacity_factor if enable_dropout else self.eval_capacity_factor
-        capacity = expert_capacity(tokens, self.top_k, factor, self.num_experts)
+        factor = self.moe.moe_train_capacity_factor if enable_dropout else self.moe.moe_eval_capacity_factor
+        capacity = expert_capacity(tokens, self.moe.moe_top_k, factor, self.moe.num_experts)
 
-        routing = route(logits, self.top_k, capacity)
+        routing = route(logits, self.moe.moe_top_k, capacity)
         self._sow_losses(logits, routing.probs, routing.first_choice)
         routed = jnp.sum(routing.dispatch, axis=(2, 3))  # [G, S] choices kept per token
-        dropped = jnp.mean((routed < self.top_k).astype(jnp.float32))  # tokens that lost a choice
+        dropped = jnp.mean((routed < self.moe.moe_top_k).astype(jnp.float32))  # tokens that lost a choice
         self.sow("intermediates", "dropped_fraction", dropped)
 
         dispatch = routing.dispatch.astype(self.dtype)
@@ -288,8 +270,8 @@ class MoeBlock(nn.Module):
     def _sow_losses(self, logits: Array, probs: Array, first_choice: Array) -> None:
         """The weighted auxiliary losses of router logits [G, S, E] into 'losses'."""
         balance = load_balancing_loss(probs, first_choice)
-        self.sow("losses", "load_balancing_loss", self.load_balancing_loss_weight * balance)
-        self.sow("losses", "router_z_loss", self.router_z_loss_weight * router_z_loss(logits))
+        self.sow("losses", "load_balancing_loss", self.moe.moe_load_balancing_loss_weight * balance)
+        self.sow("losses", "router_z_loss", self.moe.moe_router_z_loss_weight * router_z_loss(logits))
 
     def _experts(
         self, expert_in: Array, matmul: Callable[[Array, Array], Array], hidden_axes: tuple[str | None, ...] | None,
@@ -314,18 +296,18 @@ class MoeBlock(nn.Module):
         """x [G, S, embed] through every token's top-k experts by grouped matmuls -> [G, S, embed]."""
         groups, tokens, embed = x.shape
         probs = jax.nn.softmax(logits, axis=-1)
-        gates, index = jax.lax.top_k(probs, self.top_k)  # [G, S, K]
-        if self.top_k > 1:
+        gates, index = jax.lax.top_k(probs, self.moe.moe_top_k)  # [G, S, K]
+        if self.moe.moe_top_k > 1:
             gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
         self._sow_losses(logits, probs, index[..., 0])
         self.sow("intermediates", "dropped_fraction", jnp.zeros((), jnp.float32))
         experts = index.reshape(-1)  # [G*S*K] the expert of each (token, choice) row
         order = jnp.argsort(experts, stable=True)  # rows sorted by expert
-        rows = jnp.repeat(x.reshape(groups * tokens, embed), self.top_k, axis=0)[order]  # [G*S*K, embed]
+        rows = jnp.repeat(x.reshape(groups * tokens, embed), self.moe.moe_top_k, axis=0)[order]  # [G*S*K, embed]
         rows = nn.with_logical_constraint(rows, ROW_AXES)
-        sizes = jnp.bincount(experts, length=self.num_experts).astype(jnp.int32)  # [E] rows per expert
+        sizes = jnp.bincount(experts, length=self.moe.num_experts).astype(jnp.int32)  # [E] rows per expert
         out_rows = self._experts(rows, lambda a, w: grouped_matmul(a, w, sizes), ROW_AXES, enable_dropout)
         out_rows = out_rows[jnp.argsort(order)]  # back to (token, choice) order
-        choices = out_rows.reshape(groups, tokens, self.top_k, embed)
+        choices = out_rows.reshape(groups, tokens, self.moe.moe_top_k, embed)
         out = precision.einsum("gskd,gsk->gsd", choices, gates.astype(self.dtype))
         return nn.with_logical_constraint(out, TOKEN_AXES)

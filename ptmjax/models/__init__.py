@@ -1,9 +1,9 @@
 """Model families, one module each, built from the shared blocks in ptmjax/layers/: T5, BART/mBART,
 GPT-2, BERT/RoBERTa, ALBERT, ELECTRA, XLNet-style permutation LM; and their fine-tuning heads."""
 
-from ptmjax.models.albert import Albert, AlbertConfig, AlbertOutput
+from ptmjax.models.albert import Albert, AlbertConfig
 from ptmjax.models.bart import Bart, BartConfig
-from ptmjax.models.bert import Bert, BertConfig, BertOutput
+from ptmjax.models.bert import Bert, BertConfig
 from ptmjax.models.electra import (
     ElectraConfig,
     ElectraDiscriminator,
@@ -12,6 +12,7 @@ from ptmjax.models.electra import (
     ElectraPretraining,
     ElectraPretrainingConfig,
 )
+from ptmjax.models.encoder import MaskedLMOutput
 from ptmjax.models.encoder_tasks import (
     EncoderForQuestionAnswering,
     EncoderForSequenceClassification,
@@ -23,9 +24,9 @@ from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.models.t5 import EncoderDecoder, T5Config
 
 __all__ = [
-    "Albert", "AlbertConfig", "AlbertOutput", "Bart", "BartConfig", "Bert", "BertConfig", "BertOutput",
+    "Albert", "AlbertConfig", "Bart", "BartConfig", "Bert", "BertConfig",
     "ElectraConfig", "ElectraDiscriminator", "ElectraGenerator", "ElectraOutput", "ElectraPretraining",
     "ElectraPretrainingConfig", "EncoderDecoder", "EncoderForQuestionAnswering", "EncoderForSequenceClassification",
-    "EncoderForTokenClassification", "GPT2", "GPT2Config", "GPT2ForSequenceClassification", "PermutationLM",
-    "T5Config",
+    "EncoderForTokenClassification", "GPT2", "GPT2Config", "GPT2ForSequenceClassification", "MaskedLMOutput",
+    "PermutationLM", "T5Config",
 ]

@@ -7,7 +7,7 @@ E -> d_model, one set of layer parameters shared by all layers
 logits, and a sentence-order (SOP) head with the NSP head's shape.
 
 Interface: `__call__(input_tokens, token_type_ids=None, enable_dropout=False)`
--> `AlbertOutput(mlm_logits [b, s, vocab], sop_logits [b, 2] or None)`, both
+-> `MaskedLMOutput(mlm_logits [b, s, vocab], sentence_pair_logits [b, 2]: SOP, or None)`, both
 float32; `encode(...)` -> final hidden states [b, s, d_model].
 Hugging Face's AlbertLayer drops its own FFN-output dropout; this keeps it,
 as the original ALBERT does (ALBERT v2 trains without dropout anyway).
@@ -17,14 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax.struct
 import gin
-import jax
 
 from ptmjax.models.config import check_rates
 from ptmjax.models.encoder import EncoderConfig, MaskedLMEncoder
-
-Array = jax.Array
 
 
 @gin.configurable
@@ -63,25 +59,7 @@ class AlbertConfig(EncoderConfig):
         return self.classifier_dropout_rate  # HF ALBERT's fine-tuning heads use classifier_dropout_prob
 
 
-@flax.struct.dataclass
-class AlbertOutput:
-    """mlm_logits float32 [b, s, vocab]; sop_logits float32 [b, 2] (None without the SOP head)."""
-
-    mlm_logits: Array
-    sop_logits: Array | None
-
-    @property
-    def sentence_pair_logits(self) -> Array | None:
-        """The 2-way head's logits under the name every MLM family shares."""
-        return self.sop_logits
-
-
 class Albert(MaskedLMEncoder):
     """ALBERT with its pre-training heads (see the module docstring for the interface)."""
 
     config: AlbertConfig
-
-    def __call__(
-        self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False
-    ) -> AlbertOutput:
-        return AlbertOutput(*self.pretraining_logits(input_tokens, token_type_ids, enable_dropout))

@@ -6,7 +6,7 @@ pad_token_id=1 and `nsp_head=False` (no pooler, no next-sentence head); its
 MLM head always uses erf GELU, as Hugging Face's does.
 
 Interface: `__call__(input_tokens, token_type_ids=None, enable_dropout=False)`
--> `BertOutput(mlm_logits [b, s, vocab], nsp_logits [b, 2] or None)`, both
+-> `MaskedLMOutput(mlm_logits [b, s, vocab], sentence_pair_logits [b, 2]: NSP, or None)`, both
 float32; `encode(...)` -> final hidden states [b, s, embed]. The attention
 mask comes from `input_tokens != pad_token_id`.
 """
@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax.struct
 import gin
-import jax
 
 from ptmjax.models.encoder import EncoderConfig, MaskedLMEncoder
-
-Array = jax.Array
 
 
 @gin.configurable
@@ -49,25 +45,7 @@ class BertConfig(EncoderConfig):
         return "tanh" if self.positions_after_padding else None
 
 
-@flax.struct.dataclass
-class BertOutput:
-    """mlm_logits float32 [b, s, vocab]; nsp_logits float32 [b, 2] (None without the NSP head)."""
-
-    mlm_logits: Array
-    nsp_logits: Array | None
-
-    @property
-    def sentence_pair_logits(self) -> Array | None:
-        """The 2-way head's logits under the name every MLM family shares."""
-        return self.nsp_logits
-
-
 class Bert(MaskedLMEncoder):
     """BERT / RoBERTa encoder with its pre-training heads (see the module docstring for the interface)."""
 
     config: BertConfig
-
-    def __call__(
-        self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False
-    ) -> BertOutput:
-        return BertOutput(*self.pretraining_logits(input_tokens, token_type_ids, enable_dropout))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -247,8 +248,20 @@ class PostLNEncoder(nn.Module):
         )
 
 
+@flax.struct.dataclass
+class MaskedLMOutput:
+    """mlm_logits float32 [b, s, vocab]; sentence_pair_logits float32 [b, 2]: BERT's next-sentence or ALBERT's
+    sentence-order head (None without it)."""
+
+    mlm_logits: Array
+    sentence_pair_logits: Array | None
+
+
 class MaskedLMEncoder(PostLNEncoder):
-    """The encoder with its MLM head (tied to the token table) and, if `config.pair_head`, a sentence-pair head."""
+    """The encoder with its MLM head (tied to the token table) and, if `config.pair_head`, a sentence-pair head.
+
+    `__call__(input_tokens, token_type_ids=None, enable_dropout=False)` -> MaskedLMOutput.
+    """
 
     def setup(self) -> None:
         super().setup()
@@ -264,6 +277,11 @@ class MaskedLMEncoder(PostLNEncoder):
         hidden = self.encode(input_tokens, token_type_ids, enable_dropout)
         pair = self.pair_logits(hidden, enable_dropout) if self.config.pair_head else None
         return self.mlm_logits(hidden), pair
+
+    def __call__(
+        self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False
+    ) -> MaskedLMOutput:
+        return MaskedLMOutput(*self.pretraining_logits(input_tokens, token_type_ids, enable_dropout))
 
     def mlm_logits(self, hidden: Array) -> Array:
         """hidden [b, s, d_model] -> float32 MLM logits [b, s, vocab]."""

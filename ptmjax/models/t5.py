@@ -259,6 +259,9 @@ class Decoder(nn.Module):
 class EncoderDecoder(EncoderDecoderInterface):
     """T5: `__call__` = `logits(hidden_states(...))`, logits float32 [batch, target_len, vocab].
 
+    The T5 family's class (T5, T5 v1.1, mT5, T5 MoE / Switch), named as T5X's; the other encoder-decoder
+    family is `Bart` (ptmjax/models/bart.py), and both share `EncoderDecoderInterface`.
+
     Dropout draws from the 'dropout' rng collection when `enable_dropout=True`.
     Hidden states and attention probabilities are sown into 'intermediates'.
     MoE layers sow their weighted auxiliary losses into 'losses' (see ptmjax/layers/moe.py).

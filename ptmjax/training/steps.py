@@ -33,6 +33,7 @@ from ptmjax.families.model_api import Batch, ModelApi
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.training.extra_state import ExtraState, ParamsView
 from ptmjax.training.nonfinite import FINITE
+from ptmjax.training.objective import Objective, family_loss
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainable import LeafSelection
 
@@ -41,7 +42,7 @@ def make_train_step(
     api: ModelApi, tx: optax.GradientTransformation, schedule: optax.Schedule,
     loss_config: LossConfig, rules: partitioning.Rules, num_microbatches: int = 1,
     selection: LeafSelection | None = None, extra_state: Sequence[ExtraState] = (),
-    params_view: ParamsView | None = None,
+    params_view: ParamsView | None = None, objective: Objective = family_loss,
 ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds the train step; jit it with the state and batch shardings.
 
@@ -57,37 +58,43 @@ def make_train_step(
     Only the leaves `selection` picks (default: all) are differentiated and
     updated; the others reach `tx` as zero gradients and keep their values
     (ptmjax/training/trainable.py).
-    Each of `extra_state` updates its entry of `state.extra` from the new
-    parameters after a finite step (ptmjax/training/extra_state.py).
+    `objective` (default: the family's loss) may read `state.extra` and return
+    new values of its entries (ptmjax/training/objective.py); after a finite
+    step, those are kept and each of `extra_state` then updates its entry from
+    the new parameters (ptmjax/training/extra_state.py).
     """
 
     loss_weights = api.family.loss_weights
 
-    def grads_and_stats(chosen, params, batch, rng, batch_loss_scale):
-        """Gradients of the selected leaves (a list) and the batch's stats."""
+    def grads_and_stats(chosen, params, extra, batch, rng, batch_loss_scale):
+        """Gradients of the selected leaves (a list), the batch's stats and the extra state after it."""
         def loss_fn(selected):
-            token_loss, batch_loss, stats = api.loss(chosen.put(params, selected), batch, loss_config, rng)
-            return token_loss + batch_loss * batch_loss_scale, stats
-        (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(chosen.take(params))
-        return grads, stats
+            token_loss, batch_loss, stats, new = objective(
+                api, chosen.put(params, selected), batch, loss_config, rng, extra
+            )
+            return token_loss + batch_loss * batch_loss_scale, (stats, new)
+        (_, (stats, new)), grads = jax.value_and_grad(loss_fn, has_aux=True)(chosen.take(params))
+        return grads, stats, _with_new_values(extra, new)
 
-    def accumulate(chosen, params, batch, rng, batch_loss_scale):
+    def accumulate(chosen, params, extra, batch, rng, batch_loss_scale):
         micro = jax.tree.map(lambda x: _split_microbatches(x, num_microbatches), batch)
 
         def body(carry, xs):
-            grads, stats = carry
+            grads, stats, extra = carry
             index, microbatch = xs
-            g, s = grads_and_stats(chosen, params, microbatch, jax.random.fold_in(rng, index), batch_loss_scale)
-            return (jax.tree.map(jnp.add, grads, g), stats + s), None
+            g, s, extra = grads_and_stats(
+                chosen, params, extra, microbatch, jax.random.fold_in(rng, index), batch_loss_scale
+            )
+            return (jax.tree.map(jnp.add, grads, g), stats + s, extra), None
 
         zero_grads = [jnp.zeros_like(p) for p in chosen.take(params)]
         first = jax.tree.map(lambda x: x[0], micro)
-        stats_shape = jax.eval_shape(lambda: grads_and_stats(chosen, params, first, rng, batch_loss_scale)[1])
+        stats_shape = jax.eval_shape(lambda: grads_and_stats(chosen, params, extra, first, rng, batch_loss_scale)[1])
         zero_stats = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), stats_shape)
-        (grads, stats), _ = jax.lax.scan(
-            body, (zero_grads, zero_stats), (jnp.arange(num_microbatches), micro)
+        (grads, stats, extra), _ = jax.lax.scan(
+            body, (zero_grads, zero_stats, extra), (jnp.arange(num_microbatches), micro)
         )
-        return grads, stats
+        return grads, stats, extra
 
     def train_step(state: TrainState, batch: Batch, rng: jax.Array):
         chosen = selection or LeafSelection.every(state.params)
@@ -96,10 +103,8 @@ def make_train_step(
             weights = batch[loss_weights].astype(jnp.float32)
             normalizer = loss_config.normalizing_factor or jnp.maximum(jnp.sum(weights), 1.0)
             batch_loss_scale = normalizer / num_microbatches
-            if num_microbatches == 1:
-                grads, stats = grads_and_stats(chosen, state.params, batch, rng, batch_loss_scale)
-            else:
-                grads, stats = accumulate(chosen, state.params, batch, rng, batch_loss_scale)
+            step_grads = grads_and_stats if num_microbatches == 1 else accumulate
+            grads, stats, new_extra = step_grads(chosen, state.params, state.extra, batch, rng, batch_loss_scale)
             grads = [g / normalizer for g in grads]
             # Keeps XLA from fusing the optimizer's elementwise update into the
             # gradient computation, which made AdamW steps 1.5x slower on CPU.
@@ -114,7 +119,8 @@ def make_train_step(
                 updates, opt_state = tx.update(all_grads, state.opt_state, state.params)
                 trained = chosen.take(optax.apply_updates(state.params, updates))
                 params = chosen.put(state.params, trained)
-                extra = {slot.name: slot.update(state.extra[slot.name], params, params_view) for slot in extra_state}
+                extra = {**new_extra, **{slot.name: slot.update(new_extra[slot.name], params, params_view)
+                                         for slot in extra_state}}
                 return trained, opt_state, extra
 
             # Only the branch taken runs: a finite step pays for no select between new and old state.
@@ -138,6 +144,17 @@ def make_eval_step(
             return api.loss(params, batch, loss_config)[2]
 
     return eval_step
+
+
+def _with_new_values(extra: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`extra` with the entries an objective returned; raises for an entry the run does not carry."""
+    unknown = sorted(set(new) - set(extra))
+    if unknown:
+        raise ValueError(
+            f"the objective returned extra state {unknown}, which the run does not carry (it carries "
+            f"{sorted(extra) or 'none'}); give the trainer an ExtraState of that name"
+        )
+    return {**extra, **new}
 
 
 def _split_microbatches(x: jax.Array, num_microbatches: int) -> jax.Array:

@@ -19,6 +19,7 @@ from ptmjax.families.model_api import ModelApi, model_api
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.training import optimizers, steps
 from ptmjax.training.extra_state import ExtraState, ParamsView
+from ptmjax.training.objective import Objective, family_loss
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainable import Trainable
 from ptmjax.tree_paths import leaves_by_path
@@ -33,13 +34,15 @@ class Trainer:
     parameters train (ptmjax/training/trainable.py). None trains all.
     `extra_state`: the non-trained state the run carries in `TrainState.extra`
     (ptmjax/training/extra_state.py), e.g. an EMA of the parameters.
+    `objective`: what the train step minimises, the family's loss unless another is given; it may read
+    and update the extra state (ptmjax/training/objective.py).
     """
 
     def __init__(
         self, model: nn.Module, tx: optax.GradientTransformation, schedule: optax.Schedule,
         mesh: Mesh, rules: partitioning.Rules, loss_config: LossConfig | None = None,
         num_microbatches: int = 1, trainable: Sequence[str] | None = None,
-        extra_state: Sequence[ExtraState] = (),
+        extra_state: Sequence[ExtraState] = (), objective: Objective = family_loss,
     ):
         partitioning.validate_rules(rules, mesh.axis_names)
         self.model, self.tx, self.mesh, self.rules = model, tx, mesh, rules
@@ -81,7 +84,7 @@ class Trainer:
 
         loss_config = loss_config or LossConfig()
         train_step = steps.make_train_step(api, tx, schedule, loss_config, rules, num_microbatches, selection,
-                                           self.extra_state, view)
+                                           self.extra_state, view, objective)
         self._train_step = jax.jit(
             train_step,
             in_shardings=(self.state_shardings, self.batch_sharding, self.replicated),

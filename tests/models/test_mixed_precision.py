@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from layers.moe_options import MoeOptions
 
 from ptmjax import partitioning
 from ptmjax.families.model_api import model_api
@@ -241,7 +242,8 @@ def test_save_dot_products_keeps_the_bf16_weight_matmuls_only():
 
 def moe_output_and_grads(dtype: str, x: jax.Array):
     """A top-2 MoE block (capacity path, nothing dropped) on x; its output and gradients, and the loss."""
-    module = MoeBlock(4, 24, ("gelu", "linear"), top_k=2, eval_capacity_factor=4.0, dtype=jnp.dtype(dtype))
+    options = MoeOptions(num_experts=4, moe_top_k=2, moe_eval_capacity_factor=4.0)
+    module = MoeBlock(options, 24, ("gelu", "linear"), dtype=jnp.dtype(dtype))
     params = jax.tree.map(lambda box: box.value, module.init(jax.random.key(0), x)["params"],
                           is_leaf=lambda v: hasattr(v, "value"))
     weights = jnp.asarray(np.random.default_rng(4).standard_normal(x.shape), jnp.float32)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import count_params
+from layers.moe_options import MoeOptions
 
 from ptmjax.layers.moe import MoeBlock, expert_capacity
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
@@ -56,7 +57,9 @@ def reference_moe(x: np.ndarray, params: dict, top_k: int, capacity: int) -> tup
 
 
 def block(top_k: int = 1, train_cf: float = 1.25, eval_cf: float = 2.0, **kw) -> MoeBlock:
-    return MoeBlock(EXPERTS, D_FF, ("gelu", "linear"), top_k, train_cf, eval_cf, **kw)
+    options = MoeOptions(num_experts=EXPERTS, moe_top_k=top_k, moe_train_capacity_factor=train_cf,
+                        moe_eval_capacity_factor=eval_cf, **{f"moe_{name}": value for name, value in kw.items()})
+    return MoeBlock(options, D_FF, ("gelu", "linear"))
 
 
 def init(module: MoeBlock, seed: int = 0) -> tuple[dict, np.ndarray]:

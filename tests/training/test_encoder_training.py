@@ -51,7 +51,7 @@ def hand_objective(params, batch) -> jax.Array:
     nll = -jnp.take_along_axis(jax.nn.log_softmax(out.mlm_logits), batch["target_tokens"][..., None], -1)[..., 0]
     weights = batch["loss_mask"].astype(jnp.float32)
     rows = jnp.any(batch["input_tokens"] != 0, axis=1).astype(jnp.float32)
-    nsp = -jnp.take_along_axis(jax.nn.log_softmax(out.nsp_logits), batch["sentence_label"][:, None], -1)[:, 0]
+    nsp = -jnp.take_along_axis(jax.nn.log_softmax(out.sentence_pair_logits), batch["sentence_label"][:, None], -1)[:, 0]
     return jnp.sum(nll * weights) / jnp.sum(weights) + jnp.sum(nsp * rows) / jnp.sum(rows)
 
 

@@ -58,7 +58,7 @@ def one_step(name: str, mesh_config: MeshConfig, single_device: bool):
     return jax.device_get(state.params), jax.device_get(metrics)
 
 
-# -m slow: top-2 (its dropless routing is tested unsharded in tests/models/test_moe_dropless.py)
+# -m slow: top-2 (its dropless routing is tested unsharded in tests/layers/test_moe_dropless.py)
 @pytest.mark.parametrize(
     ("name", "mesh"),
     [("t5_top1", "ep"), ("t5_top1", "fsdp_tp_ep"), pytest.param("gpt2_top2", "ep", marks=pytest.mark.slow)],

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from layers.moe_options import MoeOptions
 
 from ptmjax.layers.moe import MoeBlock
 
@@ -27,8 +28,9 @@ def apply_and_grads(module: MoeBlock, params: dict, x: jnp.ndarray):
 
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_dropless_equals_capacity_routing_that_drops_nothing(top_k):
-    capacity = MoeBlock(EXPERTS, D_FF, ("gelu", "linear"), top_k, eval_capacity_factor=EXPERTS / top_k)
-    dropless = MoeBlock(EXPERTS, D_FF, ("gelu", "linear"), top_k, dropless=True)
+    capacity = MoeBlock(MoeOptions(num_experts=EXPERTS, moe_top_k=top_k, moe_eval_capacity_factor=EXPERTS / top_k),
+                        D_FF, ("gelu", "linear"))
+    dropless = MoeBlock(MoeOptions(num_experts=EXPERTS, moe_top_k=top_k, moe_dropless=True), D_FF, ("gelu", "linear"))
     x = jnp.asarray(np.random.default_rng(top_k).standard_normal((GROUPS, TOKENS, EMBED)), jnp.float32)
     params = nn.unbox(capacity.init(jax.random.key(top_k), x)["params"])
     params["router"] = params["router"] * 30.0  # decisive routing: no near-ties between experts
