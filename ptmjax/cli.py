@@ -24,7 +24,7 @@ from ptmjax.data import corpus
 
 DEFAULT_GIN_FILE = "runs/demo.gin"
 TRACEBACK_HELP = "show the full traceback of an error (also: PTMJAX_TRACEBACK=1)"
-EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
+EXPECTED_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)
 COMMANDS_READING_THE_CORPUS = ("train", "eval", "infer", "probe")  # the SentencePiece vocabulary is keyed by it
 COMMANDS_USING_THE_COMPILATION_CACHE = ("eval", "infer", "probe")  # `train` uses train.compilation_cache_dir
 _AFTER = argparse.ArgumentParser(add_help=False)  # every command's parent: --traceback after the command too
@@ -180,6 +180,8 @@ def _add_convert_parser(commands: argparse._SubParsersAction) -> None:
     convert.add_argument("--to", dest="to_dir", help="with --from-hf: the ptmjax model folder to write")
     convert.add_argument("--to-hf", dest="to_hf", help="with --from: the Hugging Face directory to write")
     convert.add_argument("--step", type=int, default=None, help="with --from: checkpoint step (default: newest)")
+    convert.add_argument("--overwrite", action="store_true",
+                         help="replace a --to or --to-hf folder that is not empty (refused otherwise)")
 
 
 def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
@@ -267,13 +269,13 @@ def run_convert(args: argparse.Namespace) -> int:
     if args.from_hf:
         if not args.to_dir or args.to_hf:
             raise SystemExit("ptmjax convert --from-hf HF_DIR needs --to MODEL_DIR (and no --to-hf)")
-        path = checkpoint.import_hf(args.from_hf, args.to_dir)
+        path = checkpoint.import_hf(args.from_hf, args.to_dir, args.overwrite)
         print(f"Imported {args.from_hf} -> {path}")
         print(f"Fine-tune it with --gin_bindings=\"train.init_checkpoint = '{args.to_dir}'\"")
         return 0
     if not args.to_hf or args.to_dir:
         raise SystemExit("ptmjax convert --from MODEL_DIR needs --to-hf HF_DIR (and no --to)")
-    path = checkpoint.export_hf(args.from_dir, args.to_hf, args.step)
+    path = checkpoint.export_hf(args.from_dir, args.to_hf, args.step, args.overwrite)
     print(f"Exported {args.from_dir} -> {path} (load it with transformers' from_pretrained)")
     return 0
 

@@ -23,6 +23,7 @@ from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.model_api import model_api
 from ptmjax.layers import layer_stack
 from ptmjax.storage.model_dir import ModelDir
+from ptmjax.storage.whole_folder import contents, written_whole
 
 MODULE_FIELDS_NOT_BOUND = ("config", "parent", "name")
 
@@ -41,31 +42,41 @@ def model_gin(model: nn.Module) -> str:
     return "\n".join(lines) + "\n"
 
 
-def import_hf(hf_dir: str, model_dir: str) -> str:
+def import_hf(hf_dir: str, model_dir: str, overwrite: bool = False) -> str:
     """Converts a Hugging Face directory (weights, tokenizer files, generation ids) into a ptmjax model folder.
 
-    Returns the checkpoint path.
+    `model_dir` must be missing, empty, or an import of the same directory as the same model (it is then
+    written again); anything else (a training run, another model) is refused unless `overwrite`, which
+    replaces it. The folder is written whole (ptmjax/storage/whole_folder.py): a failed import leaves what
+    was there. Returns the checkpoint path.
     """
     model, params = hf.load(hf_dir)
     generation_ids = GenerationIds.from_hf_dir(hf_dir)
-    folder = ModelDir(model_dir)
-    os.makedirs(folder.path, exist_ok=True)
-    hf_tokenizer.copy_tokenizer_files(hf_dir, folder.tokenizer_path)
-    generation_ids.write(folder.generation_path)
-    with open(folder.config_path, "w") as f:
-        f.write(f"# Imported from {os.path.abspath(hf_dir)} by `ptmjax convert`.\n" + model_gin(model))
-    checkpointer = folder.checkpointer(asynchronous=False)
-    checkpointer.save_params(0, params)
-    checkpointer.close()
-    return os.path.join(checkpointer.directory, "0")
+    config = f"# Imported from {os.path.abspath(hf_dir)} by `ptmjax convert`.\n" + model_gin(model)
+    same_import = _read(ModelDir(model_dir).config_path) == config
+    if not (overwrite or same_import):
+        _refuse_non_empty(model_dir, "--to", "a ptmjax model folder")
+    with written_whole(model_dir, replace=True) as staging:
+        folder = ModelDir(staging)
+        hf_tokenizer.copy_tokenizer_files(hf_dir, folder.tokenizer_path)
+        generation_ids.write(folder.generation_path)
+        with open(folder.config_path, "w") as f:
+            f.write(config)
+        checkpointer = folder.checkpointer(asynchronous=False)
+        checkpointer.save_params(0, params)
+        checkpointer.close()
+    return os.path.join(ModelDir(model_dir).checkpoints_path, "0")
 
 
-def export_hf(model_dir: str, hf_dir: str, step: int | None = None) -> str:
+def export_hf(model_dir: str, hf_dir: str, step: int | None = None, overwrite: bool = False) -> str:
     """Writes a model folder's checkpoint (default: the newest) as a Hugging Face directory.
 
     With the folder's tokenizer and generation ids where it has them: an
     import's tokenizer/ and generation.json, or a run's task vocabulary.
+    A non-empty `hf_dir` is refused unless `overwrite`, which replaces it; the directory is written whole.
     """
+    if not overwrite:
+        _refuse_non_empty(hf_dir, "--to-hf", "a Hugging Face directory")
     folder = ModelDir(model_dir)
     model, _ = gin_files.read_model_config(folder)
     api = model_api(model)
@@ -74,9 +85,28 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None) -> str:
         params, model = layer_stack.unscan(params, model.config), layer_stack.with_scan_layers(model, False)
     imported = os.path.isfile(folder.generation_path)
     trained = "mixture_or_task_name" in gin_files.read_train_bindings(folder)
-    hf.save(model, params, hf_dir, gin_files.folder_generation_ids(folder) if imported or trained else None)
-    if os.path.isdir(folder.tokenizer_path):
-        hf_tokenizer.copy_tokenizer_files(folder.tokenizer_path, hf_dir)
-    elif trained:
-        hf_tokenizer.write_tokenizer(gin_files.folder_vocabulary(folder), hf_dir)
+    with written_whole(hf_dir, replace=True) as staging:
+        hf.save(model, params, staging, gin_files.folder_generation_ids(folder) if imported or trained else None)
+        if os.path.isdir(folder.tokenizer_path):
+            hf_tokenizer.copy_tokenizer_files(folder.tokenizer_path, staging)
+        elif trained:
+            hf_tokenizer.write_tokenizer(gin_files.folder_vocabulary(folder), staging)
     return hf_dir
+
+
+def _read(path: str) -> str | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read()
+
+
+def _refuse_non_empty(path: str, flag: str, what: str) -> None:
+    """Raises, naming what `path` holds, unless it is missing or empty."""
+    names = contents(path)
+    if names:
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise FileExistsError(
+            f"{path} is not empty (it holds {shown}); `ptmjax convert` writes {what} of its own there: give "
+            f"{flag} a new folder, or add --overwrite to replace everything in it"
+        )

@@ -93,16 +93,26 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     state: dict[str, np.ndarray] = {}
     for file in files:
         if file.endswith(".safetensors"):
-            from safetensors import safe_open
-
-            with safe_open(file, framework="numpy") as f:
-                state.update({key: _widen(np.asarray(f.get_tensor(key))) for key in f.keys()})  # noqa: SIM118
+            state.update(_read_safetensors(file))
         else:
             import torch
 
             tensors = torch.load(file, map_location="cpu", weights_only=True)
             state.update({key: _widen(to_numpy(value)) for key, value in tensors.items()})
     return state
+
+
+def _read_safetensors(file: str) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors; a damaged file is named in a one-line error."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(file, framework="numpy") as f:
+            return {key: _widen(np.asarray(f.get_tensor(key))) for key in f.keys()}  # noqa: SIM118
+    except SafetensorError as error:
+        raise ValueError(
+            f"{file} is not a readable safetensors file ({error}); it may be truncated: copy or save it again"
+        ) from None
 
 
 def _weight_files(path: str) -> list[str]:

@@ -29,9 +29,8 @@ def get_task_or_mixture(mixture_or_task_name: str) -> seqio.DatasetProviderBase:
         known = sorted({*seqio.TaskRegistry.names(), *seqio.MixtureRegistry.names()})
         known = [name for name in known if name.startswith("ptmjax")] or known
         raise ValueError(
-            f"unknown task or mixture {mixture_or_task_name!r}; registered ptmjax ones: {', '.join(known)} "
-            "(import the module that registers it first: ptmjax.tasks.pretraining for the built-in pre-training "
-            "tasks, ptmjax.configurables for every built-in task)"
+            f"unknown task or mixture {mixture_or_task_name!r}; registered ptmjax ones: {', '.join(known)}; "
+            "ptmjax.configurables registers every built-in one (import the module that registers yours first)"
         ) from None
 
 
