@@ -8,19 +8,11 @@ import pathlib
 import pytest
 
 from ptmjax import cli
-from ptmjax.models import GPT2Config
-
-pytest.importorskip("transformers")
-from ptmjax.convert import hf_gpt2  # noqa: E402
-
-GPT2 = GPT2Config(vocab_size=64, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_length=16)
 
 
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("hf")
-    hf_gpt2.build_hf_model(GPT2).save_pretrained(directory)
-    return str(directory)
+@pytest.fixture
+def hf_dir(hf_gpt2_dir):
+    return str(hf_gpt2_dir)
 
 
 def snapshot(folder: pathlib.Path) -> dict[str, bytes]:

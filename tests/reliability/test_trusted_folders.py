@@ -10,20 +10,14 @@ import pytest
 
 from ptmjax import cli
 from ptmjax.convert import hf
-from ptmjax.models import GPT2Config
 
 pytest.importorskip("transformers")
-from ptmjax.convert import hf_gpt2  # noqa: E402
-
-GPT2 = GPT2Config(vocab_size=64, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_length=16)
 
 
-@pytest.fixture(scope="module")
-def outside_weights(tmp_path_factory):
+@pytest.fixture
+def outside_weights(hf_gpt2_dir):
     """A real GPT-2 checkpoint folder, the one a hostile index points into."""
-    directory = tmp_path_factory.mktemp("outside")
-    hf_gpt2.build_hf_model(GPT2).save_pretrained(directory)
-    return directory
+    return hf_gpt2_dir
 
 
 def folder_with_index(directory, outside_weights, index: str, shard: str) -> str:
@@ -53,9 +47,9 @@ def test_an_index_naming_a_shard_outside_the_folder_is_refused(tmp_path, outside
     assert not (tmp_path / "imported").exists()  # refused before anything is written
 
 
-def test_an_index_with_shards_inside_the_folder_loads(tmp_path, outside_weights):
+def test_an_index_with_shards_inside_the_folder_loads(tmp_path, outside_weights, tiny_gpt2):
     folder = folder_with_index(tmp_path / "hf", outside_weights, hf.SAFETENSORS_INDEX, "./shard-1.safetensors")
     shutil.copy(outside_weights / "model.safetensors", tmp_path / "hf" / "shard-1.safetensors")
     model, params = hf.load(folder)
-    assert model.config == GPT2
+    assert model.config == tiny_gpt2
     jax.tree.map(np.testing.assert_array_equal, params, hf.load(str(outside_weights))[1])
