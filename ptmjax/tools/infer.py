@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,12 +42,27 @@ def output_path(args: argparse.Namespace) -> str:
 
 
 def read_lines(input_file: str) -> list[Example]:
-    """One example a line of `input_file` ('-': standard input); raises for an empty line or file."""
+    """One example a line of `input_file` ('-': standard input); raises for an empty line or file. Invalid
+    UTF-8 is replaced by U+FFFD with a warning naming the lines, as training does with its text files."""
     if input_file == "-":
-        lines = sys.stdin.read().splitlines()
+        stdin = getattr(sys.stdin, "buffer", None)
+        data = stdin.read() if stdin is not None else sys.stdin.read().encode()
     else:
-        with open(input_file) as f:
-            lines = f.read().splitlines()
+        with open(input_file, "rb") as f:
+            data = f.read()
+    lines, undecodable = [], []
+    for number, raw in enumerate(data.splitlines(), 1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            lines.append(raw.decode("utf-8", errors="replace"))
+            undecodable.append(number)
+    if undecodable:
+        shown = ", ".join(map(str, undecodable[:10])) + (" ..." if len(undecodable) > 10 else "")
+        warnings.warn(
+            f"{'standard input' if input_file == '-' else input_file}: invalid UTF-8 on line(s) {shown}, "
+            "replaced by U+FFFD; save the prompts as UTF-8 to keep them as written", stacklevel=2
+        )
     if not lines:
         raise ValueError(f"{input_file} has no lines; write one prompt per line")
     for number, line in enumerate(lines, 1):

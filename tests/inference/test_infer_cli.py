@@ -1,9 +1,12 @@
 """`ptmjax infer` on a tiny trained run: its JSONL equals `LoadedModel.predict` on the same inputs;
-it never overwrites an output without --overwrite, an empty input file is a one-line error, and a second
-run reads its programs from the compilation cache."""
+it never overwrites an output without --overwrite, an empty input file is a one-line error, invalid UTF-8 in a
+file or on standard input is replaced with a warning naming the lines, and a second run reads its programs from the
+compilation cache."""
 
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -91,3 +94,20 @@ def test_a_second_run_compiles_nothing_and_predicts_the_same(t5_run, tmp_path):
         records.append(read_jsonl(output))
     assert any(name.startswith("jit_") for name in entries[0])
     assert entries[1] == entries[0] and records[1] == records[0]
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_invalid_utf8_is_replaced_with_a_warning_naming_its_lines(t5_run, tmp_path, monkeypatch, source):
+    data = b"def f(x):\nReturn \xff\xfe now.\na + b\n"
+    if source == "stdin":
+        monkeypatch.setattr(sys, "stdin", type("Stdin", (), {"buffer": io.BytesIO(data)})())
+        input_file, name, where = "-", "stdin", "standard input"
+    else:
+        (tmp_path / "bytes.txt").write_bytes(data)
+        input_file, name, where = str(tmp_path / "bytes.txt"), "bytes", str(tmp_path / "bytes.txt")
+    args = ["infer", "--model_dir", t5_run, "--input_file", input_file, "--max_decode_length=4",
+            "--output", str(tmp_path / f"{name}.jsonl")]
+    with pytest.warns(UserWarning, match=rf"^{re.escape(where)}: invalid UTF-8 on line\(s\) 2, replaced by U\+FFFD"):
+        assert cli.main(args) == 0
+    records = read_jsonl(tmp_path / f"{name}.jsonl")
+    assert [r["inputs"] for r in records] == ["def f(x):", "Return \ufffd\ufffd now.", "a + b"]
