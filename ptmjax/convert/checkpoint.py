@@ -23,7 +23,7 @@ from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.model_api import model_api
 from ptmjax.layers import layer_stack
 from ptmjax.storage.model_dir import ModelDir
-from ptmjax.storage.whole_folder import contents, written_whole
+from ptmjax.storage.whole_folder import written_whole
 
 MODULE_FIELDS_NOT_BOUND = ("config", "parent", "name")
 
@@ -56,7 +56,7 @@ def import_hf(hf_dir: str, model_dir: str, overwrite: bool = False) -> str:
     same_import = _read(ModelDir(model_dir).config_path) == config
     if not (overwrite or same_import):
         _refuse_non_empty(model_dir, "--to", "a ptmjax model folder")
-    with written_whole(model_dir, replace=True) as staging:
+    with written_whole(model_dir) as staging:
         folder = ModelDir(staging)
         hf_tokenizer.copy_tokenizer_files(hf_dir, folder.tokenizer_path)
         generation_ids.write(folder.generation_path)
@@ -85,7 +85,7 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None, overwrite: b
         params, model = layer_stack.unscan(params, model.config), layer_stack.with_scan_layers(model, False)
     imported = os.path.isfile(folder.generation_path)
     trained = "mixture_or_task_name" in gin_files.read_train_bindings(folder)
-    with written_whole(hf_dir, replace=True) as staging:
+    with written_whole(hf_dir) as staging:
         hf.save(model, params, staging, gin_files.folder_generation_ids(folder) if imported or trained else None)
         if os.path.isdir(folder.tokenizer_path):
             hf_tokenizer.copy_tokenizer_files(folder.tokenizer_path, staging)
@@ -103,7 +103,7 @@ def _read(path: str) -> str | None:
 
 def _refuse_non_empty(path: str, flag: str, what: str) -> None:
     """Raises, naming what `path` holds, unless it is missing or empty."""
-    names = contents(path)
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
     if names:
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         raise FileExistsError(

@@ -10,19 +10,12 @@ import tempfile
 from collections.abc import Iterator
 
 
-def contents(path: str) -> list[str]:
-    """The names in folder `path`, sorted; [] when it is missing or empty."""
-    return sorted(os.listdir(path)) if os.path.isdir(path) else []
-
-
 @contextlib.contextmanager
-def written_whole(path: str, replace: bool) -> Iterator[str]:
-    """Yields a temporary folder beside `path` to write into. When the block succeeds it becomes `path`,
-    which must then be missing or empty unless `replace`, which removes it first; when the block fails the
+def written_whole(path: str) -> Iterator[str]:
+    """Yields a temporary folder beside `path` to write into. When the block succeeds it replaces `path`
+    (whatever was there is removed: the caller decides whether that is allowed); when the block fails the
     temporary folder is removed and `path` is as it was."""
     path = os.path.abspath(path)
-    if contents(path) and not replace:
-        raise FileExistsError(f"{path} is not empty; refusing to write over it")
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.writing-", dir=parent)
