@@ -25,6 +25,7 @@ testing on its own. The seqio preprocessor is `bart_noising`; add
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import gin
@@ -35,6 +36,41 @@ import tensorflow as tf
 from ptmjax.objectives import common
 
 SENTENCE_END_CHARS = ".!?"
+_RATES = ("permute_sentence_ratio", "mask_ratio", "delete_ratio", "infill_ratio", "rotate_probability")
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class BartNoiseOptions:
+    """The settings of BART's noising, checked on construction; a rate of 0 turns its transformation off.
+
+    The defaults are BART-large's: sentence permutation and text infilling of 30% of the tokens
+    with Poisson(3) spans.
+
+    permute_sentence_ratio: fraction of sentences shuffled among their places.
+    mask_ratio: fraction of tokens replaced by mask_id, one for one.
+    delete_ratio: fraction of tokens deleted.
+    infill_ratio: fraction of tokens covered by infilled spans.
+    poisson_lambda: mean infill span length, positive.
+    rotate_probability: probability of rotating the document.
+    mask_id: the mask id; None means `<extra_id_0>` (vocab_size - 1).
+    sentence_end_ids: ids that end a sentence; None: pieces ending in '.', '!', '?'.
+    """
+
+    permute_sentence_ratio: float = 1.0
+    mask_ratio: float = 0.0
+    delete_ratio: float = 0.0
+    infill_ratio: float = 0.3
+    poisson_lambda: float = 3.0
+    rotate_probability: float = 0.0
+    mask_id: int | None = None
+    sentence_end_ids: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        for name in _RATES:
+            common.check_fraction(name, getattr(self, name), "BART noising")
+        if not self.poisson_lambda > 0.0:
+            raise ValueError(f"BART noising: poisson_lambda={self.poisson_lambda} must be positive (BART: 3.0)")
 
 
 def sentence_end_table(vocabulary: seqio.Vocabulary, end_chars: str = SENTENCE_END_CHARS) -> np.ndarray:
@@ -166,67 +202,38 @@ def _noise(
     seeds: Sequence[tf.Tensor],
     *,
     sentence_ends: np.ndarray | None,
-    permute_sentence_ratio: float,
-    mask_ratio: float,
-    delete_ratio: float,
-    infill_ratio: float,
-    poisson_lambda: float,
-    rotate_probability: float,
+    options: BartNoiseOptions,
     mask_id: int,
 ) -> dict[str, tf.Tensor]:
     targets = features["targets"]
     inputs = targets
-    if permute_sentence_ratio > 0.0:
-        inputs = permute_sentences(inputs, seeds[0], tf.constant(sentence_ends), permute_sentence_ratio)
-    if mask_ratio > 0.0:
-        inputs = mask_random_tokens(inputs, seeds[1], mask_ratio, mask_id)
-    if delete_ratio > 0.0:
-        inputs = delete_random_tokens(inputs, seeds[2], delete_ratio)
-    if infill_ratio > 0.0:
+    if options.permute_sentence_ratio > 0.0:
+        inputs = permute_sentences(inputs, seeds[0], tf.constant(sentence_ends), options.permute_sentence_ratio)
+    if options.mask_ratio > 0.0:
+        inputs = mask_random_tokens(inputs, seeds[1], options.mask_ratio, mask_id)
+    if options.delete_ratio > 0.0:
+        inputs = delete_random_tokens(inputs, seeds[2], options.delete_ratio)
+    if options.infill_ratio > 0.0:
         inputs = infill_text(
-            inputs, tf.random.experimental.stateless_split(seeds[3], 2), infill_ratio, poisson_lambda, mask_id
+            inputs,
+            tf.random.experimental.stateless_split(seeds[3], 2),
+            options.infill_ratio,
+            options.poisson_lambda,
+            mask_id,
         )
-    if rotate_probability > 0.0:
-        inputs = rotate(inputs, seeds[4], rotate_probability)
+    if options.rotate_probability > 0.0:
+        inputs = rotate(inputs, seeds[4], options.rotate_probability)
     return {"inputs": inputs, "targets": targets}
 
 
-def noise_tokens(
-    dataset: tf.data.Dataset,
-    vocabulary: seqio.Vocabulary,
-    *,
-    permute_sentence_ratio: float = 1.0,
-    mask_ratio: float = 0.0,
-    delete_ratio: float = 0.0,
-    infill_ratio: float = 0.3,
-    poisson_lambda: float = 3.0,
-    rotate_probability: float = 0.0,
-    mask_id: int | None = None,
-    sentence_end_ids: Sequence[int] | None = None,
-) -> tf.data.Dataset:
+def noise_tokens(dataset: tf.data.Dataset, vocabulary: seqio.Vocabulary, options: BartNoiseOptions) -> tf.data.Dataset:
     """{'targets': tokens} -> {'inputs': noised tokens, 'targets': tokens} (see the module doc)."""
-    for name, value in (
-        ("permute_sentence_ratio", permute_sentence_ratio),
-        ("mask_ratio", mask_ratio),
-        ("delete_ratio", delete_ratio),
-        ("infill_ratio", infill_ratio),
-        ("rotate_probability", rotate_probability),
-    ):
-        common.check_fraction(name, value, "BART noising")
-    if not poisson_lambda > 0.0:
-        raise ValueError(f"BART noising: poisson_lambda={poisson_lambda} must be positive (BART: 3.0)")
-    mask_id = common.default_mask_id(vocabulary, mask_id, "BART noising")
-    sentence_ends = sentence_end_ids_table(vocabulary, sentence_end_ids) if permute_sentence_ratio > 0.0 else None
+    permutes = options.permute_sentence_ratio > 0.0
     return _noise(
         dataset,
-        sentence_ends=sentence_ends,
-        permute_sentence_ratio=permute_sentence_ratio,
-        mask_ratio=mask_ratio,
-        delete_ratio=delete_ratio,
-        infill_ratio=infill_ratio,
-        poisson_lambda=poisson_lambda,
-        rotate_probability=rotate_probability,
-        mask_id=mask_id,
+        sentence_ends=sentence_end_ids_table(vocabulary, options.sentence_end_ids) if permutes else None,
+        options=options,
+        mask_id=common.default_mask_id(vocabulary, options.mask_id, "BART noising"),
     )
 
 
@@ -235,21 +242,11 @@ def bart_noising(
     dataset: tf.data.Dataset,
     sequence_length: Mapping[str, int],
     output_features: Mapping[str, seqio.Feature],
-    permute_sentence_ratio: float = 1.0,
-    mask_ratio: float = 0.0,
-    delete_ratio: float = 0.0,
-    infill_ratio: float = 0.3,
-    poisson_lambda: float = 3.0,
-    rotate_probability: float = 0.0,
-    mask_id: int | None = None,
-    sentence_end_ids: Sequence[int] | None = None,
+    options: BartNoiseOptions | None = None,
     max_chunk_tokens: int = 65536,
     documents_per_stream: int = 128,
 ) -> tf.data.Dataset:
     """The BART denoising seqio preprocessor over tokenised 'targets'.
-
-    Defaults are BART-large's: sentence permutation and text infilling of 30%
-    of the tokens with Poisson(3) spans.
 
     Args:
       dataset: examples with an int32 'targets' feature (the tokenised text).
@@ -257,14 +254,7 @@ def bart_noising(
         min(inputs, targets) tokens (less EOS) are noised. Zero-length infill
         spans can lengthen the inputs; `append_eos_after_trim` trims them.
       output_features: seqio features; 'targets' gives the vocabulary.
-      permute_sentence_ratio: fraction of sentences shuffled among their places.
-      mask_ratio: fraction of tokens replaced by mask_id, one for one.
-      delete_ratio: fraction of tokens deleted.
-      infill_ratio: fraction of tokens covered by infilled spans.
-      poisson_lambda: mean infill span length.
-      rotate_probability: probability of rotating the document.
-      mask_id: the mask id; None means `<extra_id_0>` (vocab_size - 1).
-      sentence_end_ids: ids that end a sentence; None: pieces ending in '.', '!', '?'.
+      options: the noising's settings; None: `BartNoiseOptions()` as gin binds it.
       max_chunk_tokens: each document is first cut to a random chunk of this size.
       documents_per_stream: documents concatenated before splitting.
     """
@@ -274,15 +264,4 @@ def bart_noising(
         common.length_less_eos(sequence_length, output_features, "targets", "bart_noising"),
     )
     dataset = common.token_stream(dataset, raw_length, max_chunk_tokens, documents_per_stream)
-    return noise_tokens(
-        dataset,
-        vocabulary,
-        permute_sentence_ratio=permute_sentence_ratio,
-        mask_ratio=mask_ratio,
-        delete_ratio=delete_ratio,
-        infill_ratio=infill_ratio,
-        poisson_lambda=poisson_lambda,
-        rotate_probability=rotate_probability,
-        mask_id=mask_id,
-        sentence_end_ids=sentence_end_ids,
-    )
+    return noise_tokens(dataset, vocabulary, options or BartNoiseOptions())

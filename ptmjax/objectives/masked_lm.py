@@ -28,6 +28,7 @@ stay aligned: do not add `append_eos_after_trim` after it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import gin
@@ -41,6 +42,67 @@ MASKING_KINDS = ("token", "whole_word", "span")
 SPAN_LENGTH_TAILS = ("renormalize", "clip")
 LOSS_MASK_KEY = "loss_mask"
 WORD_BOUNDARY = "\u2581"  # '▁', SentencePiece's word-boundary marker
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class MaskingRates:
+    """BERT's selection and replacement rates, checked on construction.
+
+    select_rate: fraction of the eligible tokens selected for prediction, in (0, 1] (BERT: 0.15).
+    mask_rate: fraction of the selected tokens replaced by `mask_id` (BERT: 0.8).
+    random_rate: fraction of the selected tokens replaced by a random regular id (BERT: 0.1); the
+      rest stay unchanged, so mask_rate + random_rate is at most 1.
+    mask_id: the [MASK] id; None means `<extra_id_0>` (vocab_size - 1).
+    """
+
+    select_rate: float = 0.15
+    mask_rate: float = 0.8
+    random_rate: float = 0.1
+    mask_id: int | None = None
+
+    def __post_init__(self) -> None:
+        common.check_fraction("select_rate", self.select_rate, "masked LM", allow_zero=False)
+        common.check_fraction("mask_rate", self.mask_rate, "masked LM")
+        common.check_fraction("random_rate", self.random_rate, "masked LM")
+        if self.mask_rate + self.random_rate > 1.0:
+            raise ValueError(
+                f"masked LM: mask_rate + random_rate = {self.mask_rate + self.random_rate} must be at most 1"
+            )
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class MaskedLMOptions:
+    """The settings of BERT / whole-word / SpanBERT masking, checked on construction.
+
+    masking: 'token' (BERT), 'whole_word' or 'span' (SpanBERT).
+    rates: what is selected and what it becomes (`MaskingRates`).
+    span_p: parameter of the geometric span-length distribution ('span'; SpanBERT: 0.2).
+    max_span_length: longest span, in units ('span'; SpanBERT: 10).
+    span_length_tail: 'renormalize' (SpanBERT's code) or 'clip' the geometric at max_span_length.
+    whole_word_spans: spans count words (SpanBERT) rather than tokens ('span').
+    """
+
+    masking: str = "token"
+    rates: MaskingRates = dataclasses.field(default_factory=MaskingRates)
+    span_p: float = 0.2
+    max_span_length: int = 10
+    span_length_tail: str = "renormalize"
+    whole_word_spans: bool = True
+
+    def __post_init__(self) -> None:
+        if self.masking not in MASKING_KINDS:
+            raise ValueError(f"unknown masking {self.masking!r}; known: {', '.join(MASKING_KINDS)}")
+        self.span_probabilities()
+
+    def uses_words(self) -> bool:
+        """Whether the units are words (which needs a SentencePiece vocabulary)."""
+        return self.masking == "whole_word" or (self.masking == "span" and self.whole_word_spans)
+
+    def span_probabilities(self) -> np.ndarray:
+        """Probabilities of span lengths 1..max_span_length."""
+        return span_length_probabilities(self.span_p, self.max_span_length, self.span_length_tail)
 
 
 def word_start_table(vocabulary: seqio.Vocabulary) -> np.ndarray:
@@ -220,60 +282,30 @@ def _mask(
 
 
 def mask_tokens(
-    dataset: tf.data.Dataset,
-    vocabulary: seqio.Vocabulary,
-    *,
-    masking: str = "token",
-    select_rate: float = 0.15,
-    mask_rate: float = 0.8,
-    random_rate: float = 0.1,
-    mask_id: int | None = None,
-    span_p: float = 0.2,
-    max_span_length: int = 10,
-    span_length_tail: str = "renormalize",
-    whole_word_spans: bool = True,
-    append_eos: bool = False,
+    dataset: tf.data.Dataset, vocabulary: seqio.Vocabulary, options: MaskedLMOptions, append_eos: bool = False
 ) -> tf.data.Dataset:
-    """{'targets': tokens} -> {'inputs', 'targets', 'loss_mask'} (see the module doc).
-
-    whole_word_spans: in 'span' masking, count spans in words (SpanBERT) rather than tokens.
-    """
-    if masking not in MASKING_KINDS:
-        raise ValueError(f"unknown masking {masking!r}; known: {', '.join(MASKING_KINDS)}")
-    sentinel_start = common.sentinel_start(vocabulary)
-    replace = replacement(vocabulary, select_rate, mask_rate, random_rate, mask_id)
-    use_words = masking == "whole_word" or (masking == "span" and whole_word_spans)
-    span_probabilities = (
-        span_length_probabilities(span_p, max_span_length, span_length_tail) if masking == "span" else None
-    )
+    """{'targets': tokens} -> {'inputs', 'targets', 'loss_mask'} (see the module doc)."""
     return _mask(
         dataset,
-        word_starts=word_start_table(vocabulary) if use_words else None,
-        sentinel_start=sentinel_start,
+        word_starts=word_start_table(vocabulary) if options.uses_words() else None,
+        sentinel_start=common.sentinel_start(vocabulary),
         append_eos=append_eos,
-        select_rate=select_rate,
-        masking=masking,
-        span_probabilities=span_probabilities,
-        replace_kwargs=replace,
+        select_rate=options.rates.select_rate,
+        masking=options.masking,
+        span_probabilities=options.span_probabilities() if options.masking == "span" else None,
+        replace_kwargs=replacement(vocabulary, options.rates),
     )
 
 
-def replacement(
-    vocabulary: seqio.Vocabulary, select_rate: float, mask_rate: float, random_rate: float, mask_id: int | None
-) -> dict[str, object]:
-    """Checks BERT's rates and returns the keyword arguments of `replace_selected`."""
-    common.check_fraction("select_rate", select_rate, "masked LM", allow_zero=False)
-    common.check_fraction("mask_rate", mask_rate, "masked LM")
-    common.check_fraction("random_rate", random_rate, "masked LM")
-    if mask_rate + random_rate > 1.0:
-        raise ValueError(f"masked LM: mask_rate + random_rate = {mask_rate + random_rate} must be at most 1")
+def replacement(vocabulary: seqio.Vocabulary, rates: MaskingRates) -> dict[str, object]:
+    """The keyword arguments of `replace_selected` for `rates` over `vocabulary`."""
     sentinel_start = common.sentinel_start(vocabulary)
     if sentinel_start <= common.FIRST_REGULAR_ID:
         raise ValueError(f"vocabulary {vocabulary} has no regular ids to select or draw")
     return {
-        "mask_id": common.default_mask_id(vocabulary, mask_id, "masked LM"),
-        "mask_rate": mask_rate,
-        "random_rate": random_rate,
+        "mask_id": common.default_mask_id(vocabulary, rates.mask_id, "masked LM"),
+        "mask_rate": rates.mask_rate,
+        "random_rate": rates.random_rate,
         "random_id_range": (common.FIRST_REGULAR_ID, sentinel_start),
     }
 
@@ -283,15 +315,7 @@ def bert_mlm(
     dataset: tf.data.Dataset,
     sequence_length: Mapping[str, int],
     output_features: Mapping[str, seqio.Feature],
-    masking: str = "token",
-    select_rate: float = 0.15,
-    mask_rate: float = 0.8,
-    random_rate: float = 0.1,
-    mask_id: int | None = None,
-    span_p: float = 0.2,
-    max_span_length: int = 10,
-    span_length_tail: str = "renormalize",
-    whole_word_spans: bool = True,
+    options: MaskedLMOptions | None = None,
     max_chunk_tokens: int = 65536,
     documents_per_stream: int = 128,
 ) -> tf.data.Dataset:
@@ -302,15 +326,7 @@ def bert_mlm(
       sequence_length: must give 'inputs'; every output has this length (EOS
         included if 'targets' adds one), the last piece of a stream may be shorter.
       output_features: seqio features; 'targets' gives the vocabulary.
-      masking: 'token' (BERT), 'whole_word' or 'span' (SpanBERT).
-      select_rate: fraction of eligible tokens selected for prediction.
-      mask_rate: fraction of the selected tokens replaced by `mask_id`.
-      random_rate: fraction of the selected tokens replaced by a random regular id.
-      mask_id: the [MASK] id; None means `<extra_id_0>` (vocab_size - 1).
-      span_p: parameter of the geometric span-length distribution ('span').
-      max_span_length: longest span, in units ('span').
-      span_length_tail: 'renormalize' (SpanBERT's code) or 'clip' the geometric at max_span_length.
-      whole_word_spans: spans count words (SpanBERT) rather than tokens ('span').
+      options: the masking's settings; None: `MaskedLMOptions()` as gin binds it.
       max_chunk_tokens: each document is first cut to a random chunk of this size.
       documents_per_stream: documents concatenated before splitting.
     """
@@ -318,17 +334,4 @@ def bert_mlm(
     append_eos = bool(common.eos_count(output_features, "targets"))
     raw_length = common.required_length(sequence_length, "inputs", "bert_mlm") - int(append_eos)
     dataset = common.token_stream(dataset, raw_length, max_chunk_tokens, documents_per_stream)
-    return mask_tokens(
-        dataset,
-        vocabulary,
-        masking=masking,
-        select_rate=select_rate,
-        mask_rate=mask_rate,
-        random_rate=random_rate,
-        mask_id=mask_id,
-        span_p=span_p,
-        max_span_length=max_span_length,
-        span_length_tail=span_length_tail,
-        whole_word_spans=whole_word_spans,
-        append_eos=append_eos,
-    )
+    return mask_tokens(dataset, vocabulary, options or MaskedLMOptions(), append_eos)

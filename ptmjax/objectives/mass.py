@@ -11,6 +11,7 @@ inputs, as MASS feeds the decoder the span's previous tokens. Add
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import gin
@@ -19,7 +20,25 @@ import tensorflow as tf
 
 from ptmjax.objectives import common
 
-SPAN_RATIO = 0.5
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class MassOptions:
+    """The settings of MASS, checked on construction.
+
+    span_ratio: fraction of each piece that is masked, in (0, 1] (MASS: 0.5).
+    mask_id: the mask id; None means `<extra_id_0>` (vocab_size - 1).
+    """
+
+    span_ratio: float = 0.5
+    mask_id: int | None = None
+
+    def __post_init__(self) -> None:
+        common.check_fraction("span_ratio", self.span_ratio, "MASS", allow_zero=False)
+
+    def targets_length(self, raw_length: int) -> int:
+        """Longest span (no EOS) for pieces of at most `raw_length` tokens."""
+        return min(max(round(raw_length * self.span_ratio), 1), raw_length)
 
 
 def span_bounds(size: tf.Tensor, seed: tf.Tensor, span_ratio: float) -> tuple[tf.Tensor, tf.Tensor]:
@@ -41,18 +60,10 @@ def _mask_span(
     return {"inputs": inputs, "targets": tokens[start : start + length]}
 
 
-def mask_span(
-    dataset: tf.data.Dataset, vocabulary: seqio.Vocabulary, span_ratio: float = SPAN_RATIO, mask_id: int | None = None
-) -> tf.data.Dataset:
+def mask_span(dataset: tf.data.Dataset, vocabulary: seqio.Vocabulary, options: MassOptions) -> tf.data.Dataset:
     """{'targets': tokens} -> {'inputs': tokens with one span masked, 'targets': the span}."""
-    common.check_fraction("span_ratio", span_ratio, "MASS", allow_zero=False)
-    mask_id = common.default_mask_id(vocabulary, mask_id, "MASS")
-    return _mask_span(dataset, span_ratio=span_ratio, mask_id=mask_id)
-
-
-def mass_targets_length(raw_length: int, span_ratio: float = SPAN_RATIO) -> int:
-    """Longest span (no EOS) for pieces of at most `raw_length` tokens."""
-    return min(max(round(raw_length * span_ratio), 1), raw_length)
+    mask_id = common.default_mask_id(vocabulary, options.mask_id, "MASS")
+    return _mask_span(dataset, span_ratio=options.span_ratio, mask_id=mask_id)
 
 
 @gin.configurable
@@ -60,8 +71,7 @@ def mass(
     dataset: tf.data.Dataset,
     sequence_length: Mapping[str, int],
     output_features: Mapping[str, seqio.Feature],
-    span_ratio: float = SPAN_RATIO,
-    mask_id: int | None = None,
+    options: MassOptions | None = None,
     max_chunk_tokens: int = 65536,
     documents_per_stream: int = 128,
 ) -> tf.data.Dataset:
@@ -72,19 +82,20 @@ def mass(
       sequence_length: must give 'inputs' (pieces fill it, EOS included);
         'targets', if given, must fit the span (checked).
       output_features: seqio features; 'targets' gives the vocabulary.
-      span_ratio: fraction of each piece that is masked (MASS: 0.5).
-      mask_id: the mask id; None means `<extra_id_0>` (vocab_size - 1).
+      options: the span's settings; None: `MassOptions()` as gin binds it.
       max_chunk_tokens: each document is first cut to a random chunk of this size.
       documents_per_stream: documents concatenated before splitting.
     """
+    options = options or MassOptions()
     vocabulary = common.vocabulary_of(output_features, "mass")
     raw_length = common.length_less_eos(sequence_length, output_features, "inputs", "mass")
-    needed = mass_targets_length(raw_length, span_ratio) + common.eos_count(output_features, "targets")
+    needed = options.targets_length(raw_length) + common.eos_count(output_features, "targets")
     declared = sequence_length.get("targets")
     if declared is not None and declared < needed:
         raise ValueError(
             f"targets length {declared} is too short for MASS with inputs length {sequence_length['inputs']} "
-            f"and span_ratio={span_ratio}: the targets need {needed}; set task_feature_lengths['targets'] >= {needed}"
+            f"and span_ratio={options.span_ratio}: the targets need {needed}; "
+            f"set task_feature_lengths['targets'] >= {needed}"
         )
     dataset = common.token_stream(dataset, raw_length, max_chunk_tokens, documents_per_stream)
-    return mask_span(dataset, vocabulary, span_ratio, mask_id)
+    return mask_span(dataset, vocabulary, options)

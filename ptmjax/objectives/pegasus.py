@@ -26,6 +26,7 @@ targets longer than sequence_length['targets'].
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import gin
@@ -35,8 +36,29 @@ import tensorflow as tf
 
 from ptmjax.objectives import bart_noising, common
 
-GAP_SENTENCES_RATIO = 0.3
 STRATEGIES = ("principal", "random", "lead")
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class GapSentenceOptions:
+    """The settings of gap-sentence generation, checked on construction.
+
+    gap_sentences_ratio: fraction of the sentences masked, in (0, 1] (PEGASUS: 0.3).
+    strategy: 'principal' (top ROUGE-1, Ind-Orig), 'random' or 'lead'.
+    mask_id: the [MASK1] id; None means `<extra_id_0>` (vocab_size - 1).
+    sentence_end_ids: ids that end a sentence; None: pieces ending in '.', '!', '?'.
+    """
+
+    gap_sentences_ratio: float = 0.3
+    strategy: str = "principal"
+    mask_id: int | None = None
+    sentence_end_ids: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown gap-sentence strategy {self.strategy!r}; known: {', '.join(STRATEGIES)}")
+        common.check_fraction("gap_sentences_ratio", self.gap_sentences_ratio, "PEGASUS", allow_zero=False)
 
 
 def sentence_rouge1_f1(tokens: tf.Tensor, sentence_id: tf.Tensor, num_sentences: tf.Tensor) -> tf.Tensor:
@@ -93,24 +115,15 @@ def _generate_gap_sentences(
 
 
 def gap_sentence_generation(
-    dataset: tf.data.Dataset,
-    vocabulary: seqio.Vocabulary,
-    *,
-    gap_sentences_ratio: float = GAP_SENTENCES_RATIO,
-    strategy: str = "principal",
-    mask_id: int | None = None,
-    sentence_end_ids: Sequence[int] | None = None,
+    dataset: tf.data.Dataset, vocabulary: seqio.Vocabulary, options: GapSentenceOptions
 ) -> tf.data.Dataset:
     """{'targets': tokens} -> {'inputs': tokens with gap sentences masked, 'targets': the gap sentences}."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown gap-sentence strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
-    common.check_fraction("gap_sentences_ratio", gap_sentences_ratio, "PEGASUS", allow_zero=False)
     return _generate_gap_sentences(
         dataset,
-        sentence_ends=bart_noising.sentence_end_ids_table(vocabulary, sentence_end_ids),
-        ratio=gap_sentences_ratio,
-        strategy=strategy,
-        mask_id=common.default_mask_id(vocabulary, mask_id, "PEGASUS"),
+        sentence_ends=bart_noising.sentence_end_ids_table(vocabulary, options.sentence_end_ids),
+        ratio=options.gap_sentences_ratio,
+        strategy=options.strategy,
+        mask_id=common.default_mask_id(vocabulary, options.mask_id, "PEGASUS"),
     )
 
 
@@ -119,10 +132,7 @@ def pegasus(
     dataset: tf.data.Dataset,
     sequence_length: Mapping[str, int],
     output_features: Mapping[str, seqio.Feature],
-    gap_sentences_ratio: float = GAP_SENTENCES_RATIO,
-    strategy: str = "principal",
-    mask_id: int | None = None,
-    sentence_end_ids: Sequence[int] | None = None,
+    options: GapSentenceOptions | None = None,
     max_chunk_tokens: int = 65536,
     documents_per_stream: int = 1,
 ) -> tf.data.Dataset:
@@ -132,21 +142,11 @@ def pegasus(
       dataset: examples with an int32 'targets' feature (the tokenised text).
       sequence_length: must give 'inputs' (the piece length, EOS included).
       output_features: seqio features; 'targets' gives the vocabulary.
-      gap_sentences_ratio: fraction of the sentences masked (PEGASUS: 0.3).
-      strategy: 'principal' (top ROUGE-1, Ind-Orig), 'random' or 'lead'.
-      mask_id: the [MASK1] id; None means `<extra_id_0>` (vocab_size - 1).
-      sentence_end_ids: ids that end a sentence; None: pieces ending in '.', '!', '?'.
+      options: the gap sentences' settings; None: `GapSentenceOptions()` as gin binds it.
       max_chunk_tokens: each document is first cut to a random chunk of this size.
       documents_per_stream: documents concatenated before cutting (1: each piece is from one document).
     """
     vocabulary = common.vocabulary_of(output_features, "pegasus")
     raw_length = common.length_less_eos(sequence_length, output_features, "inputs", "pegasus")
     dataset = common.token_stream(dataset, raw_length, max_chunk_tokens, documents_per_stream)
-    return gap_sentence_generation(
-        dataset,
-        vocabulary,
-        gap_sentences_ratio=gap_sentences_ratio,
-        strategy=strategy,
-        mask_id=mask_id,
-        sentence_end_ids=sentence_end_ids,
-    )
+    return gap_sentence_generation(dataset, vocabulary, options or GapSentenceOptions())

@@ -13,6 +13,7 @@ realises the order with attention masks and two-stream attention.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import gin
@@ -22,6 +23,20 @@ import tensorflow as tf
 from ptmjax.objectives import common
 
 RANK_KEY = "permutation_rank"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class PermutedLMOptions:
+    """The setting of permuted LM, checked on construction.
+
+    predict_fraction: 1/K, the fraction of each order that is predicted, in (0, 1] (XLNet: K = 6 or 7).
+    """
+
+    predict_fraction: float = 1 / 6
+
+    def __post_init__(self) -> None:
+        common.check_fraction("predict_fraction", self.predict_fraction, "permuted LM", allow_zero=False)
 
 
 def permutation_rank(size: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
@@ -52,7 +67,7 @@ def permuted_lm(
     dataset: tf.data.Dataset,
     sequence_length: Mapping[str, int],
     output_features: Mapping[str, seqio.Feature],
-    predict_fraction: float = 1 / 6,
+    options: PermutedLMOptions | None = None,
     max_chunk_tokens: int = 65536,
     documents_per_stream: int = 128,
 ) -> tf.data.Dataset:
@@ -62,12 +77,11 @@ def permuted_lm(
       dataset: examples with an int32 'targets' feature (the tokenised text).
       sequence_length: must give 'inputs'; every output has at most this length.
       output_features: seqio features; EOS is appended when 'targets' adds one.
-      predict_fraction: 1/K, the fraction of each order that is predicted (XLNet: K = 6 or 7).
+      options: the prediction's setting; None: `PermutedLMOptions()` as gin binds it.
       max_chunk_tokens: each document is first cut to a random chunk of this size.
       documents_per_stream: documents concatenated before splitting.
     """
-    common.check_fraction("predict_fraction", predict_fraction, "permuted LM", allow_zero=False)
     append_eos = bool(common.eos_count(output_features, "targets"))
     raw_length = common.required_length(sequence_length, "inputs", "permuted_lm") - int(append_eos)
     dataset = common.token_stream(dataset, raw_length, max_chunk_tokens, documents_per_stream)
-    return _permute(dataset, append_eos=append_eos, predict_fraction=predict_fraction)
+    return _permute(dataset, append_eos=append_eos, predict_fraction=(options or PermutedLMOptions()).predict_fraction)

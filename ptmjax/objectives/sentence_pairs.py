@@ -20,6 +20,7 @@ one length) and the scalar 'sentence_label'.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import gin
@@ -31,6 +32,33 @@ from ptmjax.objectives import bart_noising, common, masked_lm, token_streams
 
 PAIR_KINDS = ("nsp", "sop")
 SPECIAL_TOKENS_PER_PAIR = 3  # [CLS], [SEP], [SEP]
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class SentencePairOptions:
+    """The settings of NSP / SOP pairs with masking, checked on construction.
+
+    negative_rate: fraction of negative pairs (label 1).
+    cls_id: the [CLS] id; None means `<extra_id_1>` (vocab_size - 2).
+    rates: BERT's masking over both segments (`masked_lm.MaskingRates`).
+    sentence_end_ids: ids after which a sentence ends; None reads them from the SentencePiece
+      vocabulary (pieces ending with '.', '!' or '?').
+    documents_per_group: NSP draws the other document from groups of this many, at least 2.
+    """
+
+    negative_rate: float = 0.5
+    cls_id: int | None = None
+    rates: masked_lm.MaskingRates = dataclasses.field(default_factory=masked_lm.MaskingRates)
+    sentence_end_ids: Sequence[int] | None = None
+    documents_per_group: int = 64
+
+    def __post_init__(self) -> None:
+        common.check_fraction("negative_rate", self.negative_rate, "sentence pairs")
+        if self.documents_per_group < 2:
+            raise ValueError(
+                f"documents_per_group={self.documents_per_group} must be at least 2 (NSP needs another document)"
+            )
 
 
 def default_cls_id(vocabulary: seqio.Vocabulary, cls_id: int | None) -> int:
@@ -111,14 +139,7 @@ def sentence_pair_mlm(
     sequence_length: Mapping[str, int],
     output_features: Mapping[str, seqio.Feature],
     kind: str = "nsp",
-    negative_rate: float = 0.5,
-    cls_id: int | None = None,
-    mask_id: int | None = None,
-    select_rate: float = 0.15,
-    mask_rate: float = 0.8,
-    random_rate: float = 0.1,
-    sentence_end_ids: Sequence[int] | None = None,
-    documents_per_group: int = 64,
+    options: SentencePairOptions | None = None,
 ) -> tf.data.Dataset:
     """The NSP / SOP + masked-LM seqio preprocessor over tokenised 'targets' (see the module docstring).
 
@@ -127,35 +148,26 @@ def sentence_pair_mlm(
       sequence_length: must give 'inputs', the length of the whole pair.
       output_features: seqio features; 'targets' gives the vocabulary.
       kind: 'nsp' (BERT) or 'sop' (ALBERT).
-      negative_rate: fraction of negative pairs (label 1).
-      cls_id: the [CLS] id; None means `<extra_id_1>` (vocab_size - 2).
-      mask_id: the [MASK] id; None means `<extra_id_0>` (vocab_size - 1).
-      select_rate, mask_rate, random_rate: BERT's 15% and 80/10/10.
-      sentence_end_ids: ids after which a sentence ends; None reads them from
-        the SentencePiece vocabulary (pieces ending with '.', '!' or '?').
-      documents_per_group: NSP draws the other document from groups of this many.
+      options: the pairs' and the masking's settings; None: `SentencePairOptions()` as gin binds it.
     """
     if kind not in PAIR_KINDS:
         raise ValueError(f"unknown sentence-pair kind {kind!r}; known: {', '.join(PAIR_KINDS)}")
-    common.check_fraction("negative_rate", negative_rate, "sentence pairs")
-    if documents_per_group < 2:
-        raise ValueError(f"documents_per_group={documents_per_group} must be at least 2 (NSP needs another document)")
+    options = options or SentencePairOptions()
     vocabulary = common.vocabulary_of(output_features, "sentence_pair_mlm")
     length = common.required_length(sequence_length, "inputs", "sentence_pair_mlm")
     budget = length - SPECIAL_TOKENS_PER_PAIR
     if budget < 2:
         raise ValueError(f"sentence_pair_mlm: inputs length {length} leaves no room for two segments; use >= 5")
-    ends = bart_noising.sentence_end_ids_table(vocabulary, sentence_end_ids)
-    replace = masked_lm.replacement(vocabulary, select_rate, mask_rate, random_rate, mask_id)
+    ends = bart_noising.sentence_end_ids_table(vocabulary, options.sentence_end_ids)
     dataset = token_streams.select_random_chunk(dataset, "targets", budget)
     dataset = dataset.filter(lambda x: tf.size(x["targets"]) >= 2)
     return _pair_and_mask(
-        _pair_documents(dataset, documents_per_group),
+        _pair_documents(dataset, options.documents_per_group),
         kind=kind,
-        negative_rate=negative_rate,
-        cls_id=default_cls_id(vocabulary, cls_id),
+        negative_rate=options.negative_rate,
+        cls_id=default_cls_id(vocabulary, options.cls_id),
         ends=ends,
         sentinel_start=common.sentinel_start(vocabulary),
-        select_rate=select_rate,
-        replace_kwargs=replace,
+        select_rate=options.rates.select_rate,
+        replace_kwargs=masked_lm.replacement(vocabulary, options.rates),
     )

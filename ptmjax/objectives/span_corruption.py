@@ -20,6 +20,7 @@ the raw length whose corruption (+ EOS) fills `sequence_length['inputs']`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import gin
@@ -28,33 +29,39 @@ import tensorflow as tf
 
 from ptmjax.objectives import token_streams
 
-NOISE_DENSITY = 0.15
-MEAN_NOISE_SPAN_LENGTH = 3.0
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class SpanCorruptionOptions:
+    """The settings of span corruption, checked on construction.
+
+    noise_density: fraction of the raw tokens that are masked, strictly between 0 and 1 (T5: 0.15).
+    mean_noise_span_length: mean length of a masked span, at least 1 (T5: 3).
+    """
+
+    noise_density: float = 0.15
+    mean_noise_span_length: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.noise_density < 1.0:
+            raise ValueError(f"noise_density={self.noise_density} must lie strictly between 0 and 1 (T5: 0.15)")
+        if not self.mean_noise_span_length >= 1.0:
+            raise ValueError(f"mean_noise_span_length={self.mean_noise_span_length} must be at least 1 (T5: 3.0)")
 
 
-def noise_counts(length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+def noise_counts(length: int, options: SpanCorruptionOptions) -> tuple[int, int]:
     """(num_noise_tokens, num_noise_spans) for `length` raw tokens (length >= 2)."""
-    num_noise = min(max(round(length * noise_density), 1), length - 1)
-    return num_noise, max(round(num_noise / mean_noise_span_length), 1)
+    num_noise = min(max(round(length * options.noise_density), 1), length - 1)
+    return num_noise, max(round(num_noise / options.mean_noise_span_length), 1)
 
 
-def check_span_parameters(noise_density: float, mean_noise_span_length: float) -> None:
-    """Raises a ValueError naming the bad value unless 0 < noise_density < 1 and mean_noise_span_length >= 1."""
-    if not 0.0 < noise_density < 1.0:
-        raise ValueError(f"noise_density={noise_density} must lie strictly between 0 and 1 (T5: 0.15)")
-    if not mean_noise_span_length >= 1.0:
-        raise ValueError(f"mean_noise_span_length={mean_noise_span_length} must be at least 1 (T5: 3.0)")
-
-
-def corrupted_lengths(raw_length: int, noise_density: float, mean_noise_span_length: float) -> tuple[int, int]:
+def corrupted_lengths(raw_length: int, options: SpanCorruptionOptions) -> tuple[int, int]:
     """(inputs, targets) lengths, without EOS, of the corruption of `raw_length` tokens (one sentinel per span)."""
-    num_noise, num_spans = noise_counts(raw_length, noise_density, mean_noise_span_length)
+    num_noise, num_spans = noise_counts(raw_length, options)
     return raw_length - num_noise + num_spans, num_noise + num_spans
 
 
-def largest_raw_length(
-    inputs_limit: int, targets_limit: int | None, noise_density: float, mean_noise_span_length: float
-) -> int:
+def largest_raw_length(inputs_limit: int, targets_limit: int | None, options: SpanCorruptionOptions) -> int:
     """The largest raw length whose corruption has at most `inputs_limit` input and `targets_limit` target tokens.
 
     Lengths exclude EOS; targets_limit None means unlimited. Both corrupted
@@ -63,13 +70,12 @@ def largest_raw_length(
     """
 
     def fits(raw: int) -> bool:
-        inputs, targets = corrupted_lengths(raw, noise_density, mean_noise_span_length)
+        inputs, targets = corrupted_lengths(raw, options)
         return inputs <= inputs_limit and (targets_limit is None or targets <= targets_limit)
 
     if not fits(2):
         raise ValueError(
-            f"span corruption (noise_density={noise_density}, mean_noise_span_length={mean_noise_span_length}) "
-            f"of even 2 tokens needs {corrupted_lengths(2, noise_density, mean_noise_span_length)} (inputs, targets) "
+            f"span corruption ({options}) of even 2 tokens needs {corrupted_lengths(2, options)} (inputs, targets) "
             f"tokens, more than the ({inputs_limit}, {targets_limit}) available; raise task_feature_lengths"
         )
     raw = 2
@@ -78,11 +84,7 @@ def largest_raw_length(
     return raw
 
 
-def span_corruption_lengths(
-    inputs_length: int,
-    noise_density: float = NOISE_DENSITY,
-    mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
-) -> tuple[int, int]:
+def span_corruption_lengths(inputs_length: int, options: SpanCorruptionOptions) -> tuple[int, int]:
     """(raw_tokens_length, targets_length) for corrupted inputs of `inputs_length`.
 
     raw_tokens_length is the largest raw length whose corruption plus EOS has
@@ -92,9 +94,9 @@ def span_corruption_lengths(
     """
     if inputs_length < 3:
         raise ValueError(f"inputs_length={inputs_length} is too short for span corruption; use at least 3")
-    raw = largest_raw_length(inputs_length - 1, None, noise_density, mean_noise_span_length)
-    inputs, targets = (n + 1 for n in corrupted_lengths(raw, noise_density, mean_noise_span_length))
-    if noise_density == 0.5 and targets > inputs:
+    raw = largest_raw_length(inputs_length - 1, None, options)
+    inputs, targets = (n + 1 for n in corrupted_lengths(raw, options))
+    if options.noise_density == 0.5 and targets > inputs:
         # T5's adjustment (random_spans_helper): one raw token fewer makes the targets as long as the
         # inputs, a round number (512 -> raw 766, targets 512). It applies when the noise count rounded
         # up, so one token fewer has one noise token fewer: the targets shrink by exactly one.
@@ -111,17 +113,15 @@ def _random_segmentation(num_items: tf.Tensor, num_segments: tf.Tensor, seed: tf
     return tf.math.bincount(segment_ids, minlength=num_segments, maxlength=num_segments, dtype=tf.int32)
 
 
-def random_spans_noise_mask(
-    length: tf.Tensor, seeds: Sequence[tf.Tensor], noise_density: float, mean_noise_span_length: float
-) -> tf.Tensor:
+def random_spans_noise_mask(length: tf.Tensor, seeds: Sequence[tf.Tensor], options: SpanCorruptionOptions) -> tf.Tensor:
     """bool[length], True on noise tokens; always starts with non-noise.
 
     Lengths below 2 are corrupted as if 2 long, then truncated (as in T5).
     """
     padded_length = tf.maximum(length, 2)
-    num_noise = tf.cast(tf.round(tf.cast(padded_length, tf.float64) * noise_density), tf.int32)
+    num_noise = tf.cast(tf.round(tf.cast(padded_length, tf.float64) * options.noise_density), tf.int32)
     num_noise = tf.clip_by_value(num_noise, 1, padded_length - 1)
-    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float64) / mean_noise_span_length), tf.int32)
+    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float64) / options.mean_noise_span_length), tf.int32)
     num_spans = tf.maximum(num_spans, 1)
     noise_lengths = _random_segmentation(num_noise, num_spans, seeds[0])
     keep_lengths = _random_segmentation(padded_length - num_noise, num_spans, seeds[1])
@@ -156,29 +156,17 @@ def _corrupt_spans(
     features: Mapping[str, tf.Tensor],
     seeds: Sequence[tf.Tensor],
     vocab_size: int,
-    noise_density: float,
-    mean_noise_span_length: float,
+    options: SpanCorruptionOptions,
 ) -> dict[str, tf.Tensor]:
     tokens = features["targets"]
-    mask = random_spans_noise_mask(tf.size(tokens), seeds, noise_density, mean_noise_span_length)
+    mask = random_spans_noise_mask(tf.size(tokens), seeds, options)
     inputs, targets = corrupt_with_mask(tokens, mask, vocab_size)
     return {"inputs": inputs, "targets": targets}
 
 
-def corrupt_spans(
-    dataset: tf.data.Dataset,
-    vocab_size: int,
-    noise_density: float = NOISE_DENSITY,
-    mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
-) -> tf.data.Dataset:
+def corrupt_spans(dataset: tf.data.Dataset, vocab_size: int, options: SpanCorruptionOptions) -> tf.data.Dataset:
     """Maps {'targets': raw tokens} to {'inputs', 'targets'} by span corruption."""
-    check_span_parameters(noise_density, mean_noise_span_length)
-    return _corrupt_spans(
-        dataset,
-        vocab_size=vocab_size,
-        noise_density=noise_density,
-        mean_noise_span_length=mean_noise_span_length,
-    )
+    return _corrupt_spans(dataset, vocab_size=vocab_size, options=options)
 
 
 @gin.configurable
@@ -186,8 +174,7 @@ def span_corruption(
     dataset: tf.data.Dataset,
     sequence_length: Mapping[str, int],
     output_features: Mapping[str, seqio.Feature],
-    noise_density: float = NOISE_DENSITY,
-    mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH,
+    options: SpanCorruptionOptions | None = None,
     max_chunk_tokens: int = 65536,
     documents_per_stream: int = 128,
 ) -> tf.data.Dataset:
@@ -198,16 +185,14 @@ def span_corruption(
       sequence_length: must give 'inputs'; 'targets', if given, must fit the
         corrupted targets (see `span_corruption_lengths`).
       output_features: seqio features; 'targets' gives the sentinel ids.
-      noise_density: fraction of raw tokens that are masked.
-      mean_noise_span_length: mean length of a masked span.
+      options: the corruption's settings; None: `SpanCorruptionOptions()` as gin binds it.
       max_chunk_tokens: each document is first cut to a random chunk of this size.
       documents_per_stream: documents concatenated before splitting.
     """
     if "inputs" not in sequence_length or sequence_length["inputs"] is None:
         raise ValueError(f"span corruption needs sequence_length['inputs']; got {dict(sequence_length)}")
-    raw_length, targets_length = span_corruption_lengths(
-        sequence_length["inputs"], noise_density, mean_noise_span_length
-    )
+    options = options or SpanCorruptionOptions()
+    raw_length, targets_length = span_corruption_lengths(sequence_length["inputs"], options)
     declared_targets = sequence_length.get("targets")
     if declared_targets is not None and declared_targets < targets_length:
         raise ValueError(
@@ -219,4 +204,4 @@ def span_corruption(
     dataset = token_streams.select_random_chunk(dataset, "targets", max_chunk_tokens)
     dataset = token_streams.concatenate_token_streams(dataset, "targets", documents_per_stream)
     dataset = token_streams.split_token_stream(dataset, "targets", raw_length)
-    return corrupt_spans(dataset, vocab_size, noise_density, mean_noise_span_length)
+    return corrupt_spans(dataset, vocab_size, options)

@@ -20,6 +20,7 @@ sequence ends with EOS already: add no `append_eos_after_trim` after it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import gin
@@ -31,6 +32,34 @@ from ptmjax.objectives import common, masked_lm
 POSITIONS_KEY = "positions"
 LANGUAGE_IDS_KEY = "language_ids"
 SEPARATORS_PER_PAIR = 2  # the </s> after each side
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TranslationLMOptions:
+    """The settings of translation LM, checked on construction.
+
+    source_key / target_key: the features holding the two sides (two different names).
+    source_language_id / target_language_id: the language ids of the two sides, non-negative.
+    rates: BERT's masking over both sides (`masked_lm.MaskingRates`).
+    """
+
+    source_key: str = "inputs"
+    target_key: str = "targets"
+    source_language_id: int = 0
+    target_language_id: int = 1
+    rates: masked_lm.MaskingRates = dataclasses.field(default_factory=masked_lm.MaskingRates)
+
+    def __post_init__(self) -> None:
+        if self.source_key == self.target_key:
+            raise ValueError(
+                f"translation_lm: source_key and target_key are both {self.source_key!r}; name two features"
+            )
+        if min(self.source_language_id, self.target_language_id) < 0:
+            raise ValueError(
+                f"translation_lm: language ids ({self.source_language_id}, {self.target_language_id}) "
+                "must be non-negative"
+            )
 
 
 def pair_lengths(source_length: tf.Tensor, target_length: tf.Tensor, budget: int) -> tuple[tf.Tensor, tf.Tensor]:
@@ -72,54 +101,39 @@ def translation_lm(
     dataset: tf.data.Dataset,
     sequence_length: Mapping[str, int],
     output_features: Mapping[str, seqio.Feature],
-    source_key: str = "inputs",
-    target_key: str = "targets",
-    source_language_id: int = 0,
-    target_language_id: int = 1,
-    select_rate: float = 0.15,
-    mask_rate: float = 0.8,
-    random_rate: float = 0.1,
-    mask_id: int | None = None,
+    options: TranslationLMOptions | None = None,
 ) -> tf.data.Dataset:
     """The XLM translation-LM seqio preprocessor over tokenised parallel text (see the module doc).
 
     Args:
-      dataset: examples with int32 token features `source_key` and `target_key`.
+      dataset: examples with int32 token features `options.source_key` and `options.target_key`.
       sequence_length: must give 'inputs', the length of the whole pair with both </s>.
       output_features: seqio features; 'targets' gives the vocabulary.
-      source_key / target_key: the features holding the two sides.
-      source_language_id / target_language_id: the language ids of the two sides.
-      select_rate, mask_rate, random_rate: BERT's 15% and 80/10/10.
-      mask_id: the [MASK] id; None means `<extra_id_0>` (vocab_size - 1).
+      options: the sides and the masking's settings; None: `TranslationLMOptions()` as gin binds it.
     """
+    options = options or TranslationLMOptions()
     vocabulary = common.vocabulary_of(output_features, "translation_lm")
     length = common.required_length(sequence_length, "inputs", "translation_lm")
     if length < SEPARATORS_PER_PAIR + 2:
         raise ValueError(
             f"translation_lm: inputs length {length} leaves no room for [source </s> target </s>]; use >= 4"
         )
-    if source_key == target_key:
-        raise ValueError(f"translation_lm: source_key and target_key are both {source_key!r}; name two features")
-    missing = sorted({source_key, target_key} - set(dataset.element_spec))
+    missing = sorted({options.source_key, options.target_key} - set(dataset.element_spec))
     if missing:
         raise ValueError(
             f"translation_lm: the examples lack {missing} (they have {sorted(dataset.element_spec)}); "
-            "set source_key and target_key"
-        )
-    if min(source_language_id, target_language_id) < 0:
-        raise ValueError(
-            f"translation_lm: language ids ({source_language_id}, {target_language_id}) must be non-negative"
+            "set TranslationLMOptions.source_key and target_key"
         )
     masking = {
         "sentinel_start": common.sentinel_start(vocabulary),
-        "select_rate": select_rate,
-        "replace_kwargs": masked_lm.replacement(vocabulary, select_rate, mask_rate, random_rate, mask_id),
+        "select_rate": options.rates.select_rate,
+        "replace_kwargs": masked_lm.replacement(vocabulary, options.rates),
     }
     return _translation_lm(
         dataset,
-        source_key=source_key,
-        target_key=target_key,
+        source_key=options.source_key,
+        target_key=options.target_key,
         budget=length - SEPARATORS_PER_PAIR,
-        language_ids=(source_language_id, target_language_id),
+        language_ids=(options.source_language_id, options.target_language_id),
         masking=masking,
     )

@@ -59,25 +59,53 @@ _LENGTHS_KEY = "piece_lengths"
 
 @dataclasses.dataclass(frozen=True)
 class Denoiser:
-    """One denoiser: 'R' or 'X' (span corruption with these parameters) or 'S' (prefix LM, no parameters)."""
+    """One denoiser: 'R' or 'X' (span corruption with `spans`) or 'S' (prefix LM, no spans)."""
 
     mode: str
-    mean_noise_span_length: float | None = None
-    noise_density: float | None = None
+    spans: span_corruption.SpanCorruptionOptions | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODE_TOKENS:
             raise ValueError(f"unknown UL2 denoiser mode {self.mode!r}; known: {', '.join(MODE_TOKENS)}")
-        spans = (self.mean_noise_span_length, self.noise_density)
-        if self.mode == "S" and spans != (None, None):
-            raise ValueError(f"the S-denoiser takes no span parameters, got {spans}; write ('S',)")
-        if self.mode != "S":
-            if None in spans:
-                raise ValueError(
-                    f"the {self.mode}-denoiser needs (mode, mean_noise_span_length, noise_density), "
-                    f"e.g. ('{self.mode}', 3.0, 0.15); got {spans}"
-                )
-            span_corruption.check_span_parameters(self.noise_density, self.mean_noise_span_length)
+        if self.mode == "S" and self.spans is not None:
+            raise ValueError(f"the S-denoiser takes no span parameters, got {self.spans}; write ('S',)")
+        if self.mode != "S" and self.spans is None:
+            raise ValueError(
+                f"the {self.mode}-denoiser needs (mode, mean_noise_span_length, noise_density), "
+                f"e.g. ('{self.mode}', 3.0, 0.15)"
+            )
+
+    @classmethod
+    def parse(cls, spec: Denoiser | Sequence) -> Denoiser:
+        """A `Denoiser` from (mode, mean_noise_span_length, noise_density) for 'R' and 'X', or ('S',)."""
+        if isinstance(spec, Denoiser):
+            return spec
+        mode, *spans = spec
+        if len(spans) not in (0, 2):
+            raise ValueError(
+                f"UL2 denoiser {tuple(spec)}: write (mode, mean_noise_span_length, noise_density), or ('S',)"
+            )
+        mean_span, density = spans or (None, None)
+        options = None if mean_span is None else span_corruption.SpanCorruptionOptions(density, mean_span)
+        return cls(mode, options)
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class Ul2Options:
+    """The settings of UL2's mixture, checked on construction.
+
+    denoisers: `Denoiser`s, or (mode, mean_noise_span_length, noise_density) for 'R' and 'X' and ('S',)
+      for the prefix LM (default: the paper's seven, in the module doc's table).
+    rates: relative probability of each denoiser per example, one per denoiser; None: all equal.
+    """
+
+    denoisers: Sequence = UL2_DENOISERS
+    rates: Sequence[float] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "denoisers", tuple(Denoiser.parse(spec) for spec in self.denoisers))
+        denoiser_probabilities(self.rates, len(self.denoisers))
 
 
 def mode_token_ids(vocabulary: seqio.Vocabulary) -> dict[str, int]:
@@ -112,9 +140,8 @@ def denoiser_raw_lengths(
         if denoiser.mode == "S":  # any split of n tokens leaves at most n - 1 on each side
             lengths.append(min(inputs_limit, targets_limit) + 1)
             continue
-        density, span = denoiser.noise_density, denoiser.mean_noise_span_length
-        raw = span_corruption.largest_raw_length(inputs_limit, targets_limit, density, span)
-        num_spans = span_corruption.noise_counts(raw, density, span)[1]
+        raw = span_corruption.largest_raw_length(inputs_limit, targets_limit, denoiser.spans)
+        num_spans = span_corruption.noise_counts(raw, denoiser.spans)[1]
         if num_spans > num_span_sentinels:
             raise ValueError(
                 f"UL2 denoiser {denoiser} cuts pieces of {raw} tokens into {num_spans} spans, more than the "
@@ -177,9 +204,7 @@ def _denoise(
             return lambda: language_modeling.split_at_random_point(tokens, seeds[0])
 
         def corrupt() -> tuple[tf.Tensor, tf.Tensor]:
-            mask = span_corruption.random_spans_noise_mask(
-                tf.size(tokens), seeds, denoiser.noise_density, denoiser.mean_noise_span_length
-            )
+            mask = span_corruption.random_spans_noise_mask(tf.size(tokens), seeds, denoiser.spans)
             return span_corruption.corrupt_with_mask(tokens, mask, vocab_size)
 
         return corrupt
@@ -194,8 +219,7 @@ def ul2(
     dataset: tf.data.Dataset,
     sequence_length: Mapping[str, int],
     output_features: Mapping[str, seqio.Feature],
-    denoisers: Sequence[Sequence] = UL2_DENOISERS,
-    rates: Sequence[float] | None = None,
+    options: Ul2Options | None = None,
     max_chunk_tokens: int = 65536,
     documents_per_stream: int = 128,
 ) -> tf.data.Dataset:
@@ -205,17 +229,15 @@ def ul2(
       dataset: examples with an int32 'targets' feature (the tokenised text).
       sequence_length: must give 'inputs' and 'targets'; they fix each denoiser's piece length.
       output_features: seqio features; 'targets' gives the vocabulary (sentinels and mode tokens).
-      denoisers: (mode, mean_noise_span_length, noise_density) for 'R' and 'X', ('S',) for the prefix
-        LM (or `Denoiser`s).
-      rates: relative probability of each denoiser per example; None: all equal.
+      options: the denoisers and their rates; None: `Ul2Options()` as gin binds it.
       max_chunk_tokens: each document is first cut to a random chunk of this size.
       documents_per_stream: documents concatenated before cutting pieces.
     """
     vocabulary = common.vocabulary_of(output_features, "ul2")
-    parsed = [spec if isinstance(spec, Denoiser) else Denoiser(*spec) for spec in denoisers]
-    probabilities = denoiser_probabilities(rates, len(parsed))
+    options = options or Ul2Options()
+    probabilities = denoiser_probabilities(options.rates, len(options.denoisers))
     used = [i for i, p in enumerate(probabilities) if p > 0]
-    parsed, probabilities = [parsed[i] for i in used], probabilities[used]
+    parsed, probabilities = [options.denoisers[i] for i in used], probabilities[used]
     mode_ids = mode_token_ids(vocabulary)
     num_span_sentinels = vocabulary.vocab_size - common.sentinel_start(vocabulary) - len(MODE_TOKENS)
     raw_lengths = denoiser_raw_lengths(parsed, sequence_length, output_features, num_span_sentinels)

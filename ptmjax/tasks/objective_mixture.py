@@ -18,7 +18,7 @@ Importing this module registers, with the stdlib SentencePiece vocabulary and
 * 'ptmjax_objective_mixture': T5 span corruption ('ptmjax_stdlib_span_corruption'),
   UL2, BART denoising and PEGASUS, equally often.
 
-The objectives are gin-configurable: `ptmjax.objectives.ul2.ul2.rates = [...]`
+The objectives are gin-configurable: `ptmjax.objectives.ul2.Ul2Options.rates = [...]`
 in a gin file changes the task. `gin_configs/runs/objective_mixture.gin`
 pre-trains the tiny T5 on the mixture.
 """

@@ -33,9 +33,9 @@ def examples() -> list[np.ndarray]:
     return out
 
 
-def noised(examples, seed: int = 1, **kwargs) -> list[dict[str, list[int]]]:
-    config = {**OFF, "sentence_end_ids": [END], **kwargs}
-    return as_lists(run(lambda ds: bart.noise_tokens(ds, FakeVocabulary(), **config), examples, seed))
+def noised(examples, seed: int = 1, **options) -> list[dict[str, list[int]]]:
+    options = bart.BartNoiseOptions(**{**OFF, "sentence_end_ids": [END], **options})
+    return as_lists(run(lambda ds: bart.noise_tokens(ds, FakeVocabulary(), options), examples, seed))
 
 
 def expand_masks(inputs: list[int], targets: list[int]) -> bool:
@@ -55,7 +55,8 @@ def is_subsequence(short: list[int], long: list[int]) -> bool:
 
 
 def test_features_dtypes_and_targets(examples):
-    out = run(lambda ds: bart.noise_tokens(ds, FakeVocabulary(), sentence_end_ids=[END]), examples[:50], 0)
+    options = bart.BartNoiseOptions(sentence_end_ids=[END])
+    out = run(lambda ds: bart.noise_tokens(ds, FakeVocabulary(), options), examples[:50], 0)
     for original, x in zip(examples, out, strict=False):
         assert set(x) == {"inputs", "targets"} and x["inputs"].dtype == x["targets"].dtype == np.int32
         assert (x["targets"] == original).all()
@@ -199,7 +200,8 @@ def test_composition_and_seeds(examples):
 
 def test_bart_noising_chain_and_eos(examples):
     seq = {"inputs": 40, "targets": 40}
-    out = run(lambda ds: bart.bart_noising(ds, seq, features(), sentence_end_ids=[END]), examples[:40], 0)
+    options = bart.BartNoiseOptions(sentence_end_ids=[END])
+    out = run(lambda ds: bart.bart_noising(ds, seq, features(), options), examples[:40], 0)
     assert max(len(x["targets"]) for x in out) == 39  # room for EOS
     assert sum(len(x["targets"]) for x in out) == sum(len(e) for e in examples[:40])
     import seqio
@@ -219,10 +221,10 @@ def test_bart_noising_chain_and_eos(examples):
 def test_bad_parameters_are_named():
     empty = tf.data.Dataset.from_tensors({"targets": tf.constant([5], tf.int32)})
     with pytest.raises(ValueError, match="infill_ratio=1.5"):
-        bart.noise_tokens(empty, FakeVocabulary(), infill_ratio=1.5)
+        bart.BartNoiseOptions(infill_ratio=1.5)
     with pytest.raises(ValueError, match="poisson_lambda=0"):
-        bart.noise_tokens(empty, FakeVocabulary(), poisson_lambda=0)
+        bart.BartNoiseOptions(poisson_lambda=0)
     with pytest.raises(ValueError, match="pass sentence_end_ids"):
-        bart.noise_tokens(empty, FakeVocabulary())
+        bart.noise_tokens(empty, FakeVocabulary(), bart.BartNoiseOptions())
     with pytest.raises(ValueError, match=f"outside the vocabulary of {VOCAB_SIZE}"):
-        bart.noise_tokens(empty, FakeVocabulary(), sentence_end_ids=[VOCAB_SIZE])
+        bart.noise_tokens(empty, FakeVocabulary(), bart.BartNoiseOptions(sentence_end_ids=[VOCAB_SIZE]))

@@ -31,8 +31,9 @@ def eligible(tokens: np.ndarray) -> np.ndarray:
     return (tokens > 1) & (tokens < VOCAB_SIZE - NUM_SENTINELS)
 
 
-def masked(examples, vocabulary, seed: int = 1, **kwargs) -> list[dict[str, np.ndarray]]:
-    return run(lambda ds: mlm.mask_tokens(ds, vocabulary, **kwargs), examples, seed)
+def masked(examples, vocabulary, seed: int = 1, **options) -> list[dict[str, np.ndarray]]:
+    options = mlm.MaskedLMOptions(**options)
+    return run(lambda ds: mlm.mask_tokens(ds, vocabulary, options), examples, seed)
 
 
 def check_consistent(examples, out) -> tuple[int, int]:
@@ -93,7 +94,8 @@ def test_exact_budget_per_example(examples):
 
 
 def test_mask_id_and_rates_are_parameters(examples):
-    out = masked(examples[:100], FakeVocabulary(), mask_id=4, mask_rate=1.0, random_rate=0.0, select_rate=0.3)
+    rates = mlm.MaskingRates(mask_id=4, mask_rate=1.0, random_rate=0.0, select_rate=0.3)
+    out = masked(examples[:100], FakeVocabulary(), rates=rates)
     selected, total = check_consistent(examples[:100], out)
     assert abs(selected / total - 0.3) < 0.02
     assert all((x["inputs"][x["loss_mask"] == 1] == 4).all() for x in out)
@@ -189,7 +191,7 @@ def test_gin_configures_bert_mlm(examples):
 
     with gin.unlock_config():
         gin.clear_config()
-        gin.bind_parameter("ptmjax.objectives.masked_lm.bert_mlm.select_rate", 0.5)
+        gin.bind_parameter("ptmjax.objectives.masked_lm.MaskingRates.select_rate", 0.5)
     try:
         out = run(lambda ds: mlm.bert_mlm(ds, {"inputs": 64}, features()), examples[:40], 2)
         selected, total = check_consistent([x["targets"] for x in out], out)
@@ -203,13 +205,13 @@ def test_bad_parameters_are_named(vocabulary):
 
     empty = tf.data.Dataset.from_tensors({"targets": tf.constant([5], tf.int32)})
     with pytest.raises(ValueError, match="unknown masking 'words'"):
-        mlm.mask_tokens(empty, FakeVocabulary(), masking="words")
+        mlm.MaskedLMOptions(masking="words")
     with pytest.raises(ValueError, match="mask_rate \\+ random_rate"):
-        mlm.mask_tokens(empty, FakeVocabulary(), mask_rate=0.95, random_rate=0.1)
+        mlm.MaskingRates(mask_rate=0.95, random_rate=0.1)
     with pytest.raises(ValueError, match="needs a SentencePiece vocabulary"):
-        mlm.mask_tokens(empty, FakeVocabulary(), masking="whole_word")
+        mlm.mask_tokens(empty, FakeVocabulary(), mlm.MaskedLMOptions(masking="whole_word"))
     with pytest.raises(ValueError, match="mask_id=1 "):
-        mlm.mask_tokens(empty, FakeVocabulary(), mask_id=1)
+        mlm.mask_tokens(empty, FakeVocabulary(), mlm.MaskedLMOptions(rates=mlm.MaskingRates(mask_id=1)))
     with pytest.raises(ValueError, match="span_p=0"):
         mlm.span_length_probabilities(0.0, 10)
     with pytest.raises(ValueError, match="needs sequence_length\\['inputs'\\]"):

@@ -21,12 +21,12 @@ def reconstruct(inputs: list[int], targets: list[int]) -> list[int]:
 
 
 def test_reconstruction_and_span_length(examples):
-    out = as_lists(run(lambda ds: mass.mask_span(ds, FakeVocabulary()), examples, seed=1))
+    out = as_lists(run(lambda ds: mass.mask_span(ds, FakeVocabulary(), mass.MassOptions()), examples, seed=1))
     starts = []
     for original, x in zip(examples, out, strict=True):
         n = len(original)
         assert len(x["inputs"]) == n
-        assert len(x["targets"]) == mass.mass_targets_length(n) == min(max(round(n / 2), 1), n)
+        assert len(x["targets"]) == mass.MassOptions().targets_length(n) == min(max(round(n / 2), 1), n)
         assert reconstruct(x["inputs"], x["targets"]) == original.tolist()
         if n >= 40:
             start = x["inputs"].index(MASK_ID)
@@ -35,7 +35,8 @@ def test_reconstruction_and_span_length(examples):
 
 
 def test_span_ratio_is_a_parameter(examples):
-    out = as_lists(run(lambda ds: mass.mask_span(ds, FakeVocabulary(), span_ratio=0.25, mask_id=7), examples, 1))
+    options = mass.MassOptions(span_ratio=0.25, mask_id=7)
+    out = as_lists(run(lambda ds: mass.mask_span(ds, FakeVocabulary(), options), examples, 1))
     total = sum(len(e) for e in examples)
     assert abs(sum(len(x["targets"]) for x in out) / total - 0.25) < 0.01
     assert all(x["inputs"].count(7) >= len(x["targets"]) for x in out)  # mask_id 7 (may also occur in text)
@@ -51,7 +52,7 @@ def test_mass_chain_lengths_and_dtypes(examples):
 
 def test_deterministic_per_seed(examples):
     def go(seed):
-        return as_lists(run(lambda ds: mass.mask_span(ds, FakeVocabulary()), examples[:30], seed))
+        return as_lists(run(lambda ds: mass.mask_span(ds, FakeVocabulary(), mass.MassOptions()), examples[:30], seed))
 
     assert go(3) == go(3)
     assert go(3) != go(4)
@@ -62,4 +63,4 @@ def test_bad_parameters_are_named():
     with pytest.raises(ValueError, match="targets need 17"):
         mass.mass(empty, {"inputs": 33, "targets": 10}, features())
     with pytest.raises(ValueError, match="span_ratio=0"):
-        mass.mask_span(empty, FakeVocabulary(), span_ratio=0.0)
+        mass.MassOptions(span_ratio=0.0)

@@ -28,19 +28,21 @@ CASES = {
     "prefix_lm": (language_modeling.prefix_lm, {"inputs": 32, "targets": 32}, True, {"inputs", "targets"}),
     "bert_mlm": (masked_lm.bert_mlm, {"inputs": 32, "targets": 32}, False, {"inputs", "targets", "loss_mask"}),
     "whole_word_mlm": (
-        functools.partial(masked_lm.bert_mlm, masking="whole_word"),
+        functools.partial(masked_lm.bert_mlm, options=masked_lm.MaskedLMOptions(masking="whole_word")),
         {"inputs": 32, "targets": 32},
         False,
         {"inputs", "targets", "loss_mask"},
     ),
     "span_mlm": (
-        functools.partial(masked_lm.bert_mlm, masking="span"),
+        functools.partial(masked_lm.bert_mlm, options=masked_lm.MaskedLMOptions(masking="span")),
         {"inputs": 32, "targets": 32},
         False,
         {"inputs", "targets", "loss_mask"},
     ),
     "bart": (
-        functools.partial(bart_noising.bart_noising, rotate_probability=0.5, mask_ratio=0.1),
+        functools.partial(
+            bart_noising.bart_noising, options=bart_noising.BartNoiseOptions(rotate_probability=0.5, mask_ratio=0.1)
+        ),
         {"inputs": 32, "targets": 32},
         True,
         {"inputs", "targets"},

@@ -23,9 +23,9 @@ def documents() -> list[np.ndarray]:
     return out
 
 
-def generate(documents, seed: int = 1, **kwargs) -> list[dict[str, list[int]]]:
-    config = {"sentence_end_ids": [END], **kwargs}
-    return as_lists(run(lambda ds: pegasus.gap_sentence_generation(ds, FakeVocabulary(), **config), documents, seed))
+def generate(documents, seed: int = 1, **options) -> list[dict[str, list[int]]]:
+    options = pegasus.GapSentenceOptions(**{"sentence_end_ids": [END], **options})
+    return as_lists(run(lambda ds: pegasus.gap_sentence_generation(ds, FakeVocabulary(), options), documents, seed))
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +106,8 @@ def test_lead_and_random_strategies(documents):
 
 
 def test_pegasus_chain_cuts_each_document(documents):
-    lengths = {"inputs": 64}
-    out = as_lists(run(lambda ds: pegasus.pegasus(ds, lengths, features(), sentence_end_ids=[END]), documents, 0))
+    lengths, options = {"inputs": 64}, pegasus.GapSentenceOptions(sentence_end_ids=[END])
+    out = as_lists(run(lambda ds: pegasus.pegasus(ds, lengths, features(), options), documents, 0))
     pieces = [fill_masks(x["inputs"], x["targets"])[0] for x in out]
     assert max(map(len, pieces)) == 63  # room for EOS
     expected = [d[i : i + 63].tolist() for d in documents for i in range(0, len(d), 63)]
@@ -117,8 +117,8 @@ def test_pegasus_chain_cuts_each_document(documents):
 def test_bad_parameters_are_named():
     empty = tf.data.Dataset.from_tensors({"targets": tf.constant([5], tf.int32)})
     with pytest.raises(ValueError, match="unknown gap-sentence strategy 'best'"):
-        pegasus.gap_sentence_generation(empty, FakeVocabulary(), strategy="best", sentence_end_ids=[END])
+        pegasus.GapSentenceOptions(strategy="best")
     with pytest.raises(ValueError, match="gap_sentences_ratio=0"):
-        pegasus.gap_sentence_generation(empty, FakeVocabulary(), gap_sentences_ratio=0, sentence_end_ids=[END])
+        pegasus.GapSentenceOptions(gap_sentences_ratio=0)
     with pytest.raises(ValueError, match="pass sentence_end_ids"):
-        pegasus.gap_sentence_generation(empty, FakeVocabulary())
+        pegasus.gap_sentence_generation(empty, FakeVocabulary(), pegasus.GapSentenceOptions())

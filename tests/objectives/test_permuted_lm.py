@@ -12,8 +12,9 @@ from ptmjax.objectives import permuted_lm
 LENGTH = 48
 
 
-def permuted(examples, seed: int = 1, **kwargs):
-    return run(lambda ds: permuted_lm.permuted_lm(ds, {"inputs": LENGTH}, features(), **kwargs), examples, seed)
+def permuted(examples, seed: int = 1, **options):
+    options = permuted_lm.PermutedLMOptions(**options)
+    return run(lambda ds: permuted_lm.permuted_lm(ds, {"inputs": LENGTH}, features(), options), examples, seed)
 
 
 @pytest.fixture(scope="module")

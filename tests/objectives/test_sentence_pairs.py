@@ -26,11 +26,10 @@ def documents() -> list[np.ndarray]:
     return docs
 
 
-def pairs(documents, kind: str, seed: int = 1, **kwargs):
+def pairs(documents, kind: str, seed: int = 1, **options):
+    options = sentence_pairs.SentencePairOptions(sentence_end_ids=[END], **options)
     return run(
-        lambda ds: sentence_pairs.sentence_pair_mlm(
-            ds, {"inputs": LENGTH}, features(), kind=kind, sentence_end_ids=[END], **kwargs
-        ),
+        lambda ds: sentence_pairs.sentence_pair_mlm(ds, {"inputs": LENGTH}, features(), kind, options),
         documents, seed,
     )
 

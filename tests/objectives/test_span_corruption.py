@@ -10,6 +10,9 @@ from objective_helpers import NUM_SENTINELS, VOCAB_SIZE, is_sentinel, reconstruc
 
 from ptmjax.objectives import span_corruption as sc
 
+T5 = sc.SpanCorruptionOptions(0.15, 3.0)
+HALF = sc.SpanCorruptionOptions(0.5, 3.0)
+
 
 def corrupt(examples: list[np.ndarray], seed: int) -> list[tuple[list[int], list[int]]]:
     ds = tf.data.Dataset.from_generator(
@@ -17,7 +20,7 @@ def corrupt(examples: list[np.ndarray], seed: int) -> list[tuple[list[int], list
         output_signature={"targets": tf.TensorSpec([None], tf.int32)},
     )
     with seqio.utils.map_seed_manager(seed):
-        ds = sc.corrupt_spans(ds, VOCAB_SIZE)
+        ds = sc.corrupt_spans(ds, VOCAB_SIZE, T5)
     return [(x["inputs"].tolist(), x["targets"].tolist()) for x in ds.as_numpy_iterator()]
 
 
@@ -34,7 +37,7 @@ def corrupted(examples) -> list[tuple[list[int], list[int]]]:
 
 
 def test_lengths_match_t5_for_512():
-    assert sc.span_corruption_lengths(512) == (568, 114)
+    assert sc.span_corruption_lengths(512, T5) == (568, 114)
 
 
 def t5_random_spans_helper(inputs_length: int, noise_density: float, mean_noise_span_length: float):
@@ -59,30 +62,31 @@ def t5_random_spans_helper(inputs_length: int, noise_density: float, mean_noise_
 @pytest.mark.parametrize("noise_density,mean_noise_span_length", [(0.15, 3.0), (0.5, 3.0), (0.5, 8.0), (0.25, 5.0)])
 def test_lengths_equal_t5s_random_spans_helper(inputs_length, noise_density, mean_noise_span_length):
     want = t5_random_spans_helper(inputs_length, noise_density, mean_noise_span_length)
-    assert sc.span_corruption_lengths(inputs_length, noise_density, mean_noise_span_length) == want
+    options = sc.SpanCorruptionOptions(noise_density, mean_noise_span_length)
+    assert sc.span_corruption_lengths(inputs_length, options) == want
 
 
 def test_noise_density_half_gives_targets_as_long_as_the_inputs():
     """T5's adjustment: raw 767 would need 513 targets; one token fewer needs exactly 512."""
-    assert sc.span_corruption_lengths(512, 0.5, 3.0) == (766, 512)
-    assert sc.corrupted_lengths(766, 0.5, 3.0) == (383 + 128, 383 + 128)
+    assert sc.span_corruption_lengths(512, HALF) == (766, 512)
+    assert sc.corrupted_lengths(766, HALF) == (383 + 128, 383 + 128)
 
 
 def test_lengths_hand_checked_for_64():
     # raw 70: noise round(10.5)=10 (half to even), spans round(3.33)=3 -> inputs 70-10+3+1=64.
     # raw 71: noise 11, spans 4 -> 65 > 64.   targets for 70: 10 + 3 + 1 = 14.
-    assert sc.noise_counts(70, 0.15, 3.0) == (10, 3)
-    assert sc.noise_counts(71, 0.15, 3.0) == (11, 4)
-    assert sc.span_corruption_lengths(64) == (70, 14)
+    assert sc.noise_counts(70, T5) == (10, 3)
+    assert sc.noise_counts(71, T5) == (11, 4)
+    assert sc.span_corruption_lengths(64, T5) == (70, 14)
 
 
 @pytest.mark.parametrize("inputs_length", [3, 16, 64, 100, 512, 1024])
 def test_raw_length_is_the_largest_that_fits(inputs_length):
-    raw, targets = sc.span_corruption_lengths(inputs_length)
-    noise, spans = sc.noise_counts(raw, 0.15, 3.0)
+    raw, targets = sc.span_corruption_lengths(inputs_length, T5)
+    noise, spans = sc.noise_counts(raw, T5)
     assert raw - noise + spans + 1 <= inputs_length
     assert targets == noise + spans + 1
-    noise1, spans1 = sc.noise_counts(raw + 1, 0.15, 3.0)
+    noise1, spans1 = sc.noise_counts(raw + 1, T5)
     assert raw + 1 - noise1 + spans1 + 1 > inputs_length
 
 
@@ -119,7 +123,7 @@ def test_noise_is_spread_uniformly_over_positions():
     seeds = tf.random.experimental.stateless_split([1, 2], 2 * n).numpy()
     masks = np.stack(
         [
-            sc.random_spans_noise_mask(tf.constant(length), (seeds[2 * i], seeds[2 * i + 1]), 0.15, 3.0).numpy()
+            sc.random_spans_noise_mask(tf.constant(length), (seeds[2 * i], seeds[2 * i + 1]), T5).numpy()
             for i in range(n)
         ]
     )
@@ -131,7 +135,7 @@ def test_noise_is_spread_uniformly_over_positions():
 
 def test_short_sequences():
     for length in (1, 2, 3):
-        mask = sc.random_spans_noise_mask(tf.constant(length), ([1, 1], [2, 2]), 0.15, 3.0).numpy()
+        mask = sc.random_spans_noise_mask(tf.constant(length), ([1, 1], [2, 2]), T5).numpy()
         assert mask.shape == (length,) and not mask[0]
     assert corrupt([np.array([5, 6], np.int32)], seed=0) == [([5, VOCAB_SIZE - 1], [VOCAB_SIZE - 1, 6])]
 
@@ -143,9 +147,9 @@ def test_deterministic_per_seed(examples, corrupted):
 
 def test_bad_parameters_are_named():
     with pytest.raises(ValueError, match="noise_density=1.5"):
-        sc.corrupt_spans(tf.data.Dataset.range(1), VOCAB_SIZE, noise_density=1.5)
+        sc.SpanCorruptionOptions(noise_density=1.5)
     with pytest.raises(ValueError, match="inputs_length=2"):
-        sc.span_corruption_lengths(2)
+        sc.span_corruption_lengths(2, T5)
 
 
 class _FakeVocabulary:
@@ -194,7 +198,7 @@ def test_gin_file_configures_the_preprocessor():
     with gin.unlock_config():
         gin.clear_config()
         gin.parse_config_file(str(gin_file))
-        gin.bind_parameter("ptmjax.objectives.span_corruption.span_corruption.noise_density", 0.5)
+        gin.bind_parameter("ptmjax.objectives.span_corruption.SpanCorruptionOptions.noise_density", 0.5)
     try:
         doc = list(range(3, 73))  # 70 tokens: shorter than the raw length at density 0.5
         (x,) = _chain([doc], {"inputs": 64})

@@ -6,6 +6,7 @@ import seqio
 import tensorflow as tf
 from objective_helpers import MASK_ID, features, random_examples
 
+from ptmjax.objectives import masked_lm
 from ptmjax.objectives import translation_lm as tlm
 
 LENGTH = 64
@@ -18,13 +19,14 @@ def pairs() -> list[tuple[np.ndarray, np.ndarray]]:
     return list(zip(sources, targets, strict=True))
 
 
-def translate(pairs, seed: int = 1, keys=("inputs", "targets"), **kwargs) -> list[dict[str, list[int]]]:
+def translate(pairs, seed: int = 1, keys=("inputs", "targets"), **options) -> list[dict[str, list[int]]]:
+    options = tlm.TranslationLMOptions(**options)
     dataset = tf.data.Dataset.from_generator(
         lambda: ({keys[0]: s, keys[1]: t} for s, t in pairs),
         output_signature={key: tf.TensorSpec([None], tf.int32) for key in keys},
     )
     with seqio.utils.map_seed_manager(seed):
-        out = tlm.translation_lm(dataset, {"inputs": LENGTH}, features(), **kwargs)
+        out = tlm.translation_lm(dataset, {"inputs": LENGTH}, features(), options)
     return [{k: v.tolist() for k, v in x.items()} for x in out.as_numpy_iterator()]
 
 
@@ -105,7 +107,7 @@ def test_bad_arguments_are_named(pairs):
     with pytest.raises(ValueError, match="both 'inputs'"):
         translate(pairs[:1], target_key="inputs")
     with pytest.raises(ValueError, match="mask_rate \\+ random_rate"):
-        translate(pairs[:1], mask_rate=0.95)
+        translate(pairs[:1], rates=masked_lm.MaskingRates(mask_rate=0.95))
     dataset = tf.data.Dataset.from_tensors({"inputs": pairs[0][0], "targets": pairs[0][1]})
     with pytest.raises(ValueError, match="inputs length 3"):
         tlm.translation_lm(dataset, {"inputs": 3}, features())

@@ -26,9 +26,15 @@ def documents() -> list[np.ndarray]:
     return random_examples(500, 20, 600, seed=0)
 
 
-def mix(documents, seed: int = 1, lengths=LENGTHS, vocabulary=None, **kwargs) -> list[dict[str, list[int]]]:
-    kwargs = {"documents_per_stream": 8, **kwargs}
-    return as_lists(run(lambda ds: ul2.ul2(ds, lengths, features(vocabulary=vocabulary), **kwargs), documents, seed))
+def mix(
+    documents, seed: int = 1, lengths=LENGTHS, vocabulary=None, documents_per_stream: int = 8, **options
+) -> list[dict[str, list[int]]]:
+    options = ul2.Ul2Options(**options)
+    output_features = features(vocabulary=vocabulary)
+    return as_lists(
+        run(lambda ds: ul2.ul2(ds, lengths, output_features, options, documents_per_stream=documents_per_stream),
+            documents, seed)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,19 +68,18 @@ def test_configured_rates_and_unused_denoisers(documents):
     counts = Counter(x["inputs"][0] for x in out)
     for mode, expected in ((NLU, 0.5), (NLG, 0.25), (S2S, 0.25)):
         assert abs(counts[mode] / len(out) - expected) < 0.05, (mode, counts[mode] / len(out))
-    raw_lengths = ul2.denoiser_raw_lengths([ul2.Denoiser("R", 3.0, 0.15)], LENGTHS, features(), 97)
+    raw_lengths = ul2.denoiser_raw_lengths([ul2.Denoiser.parse(("R", 3.0, 0.15))], LENGTHS, features(), 97)
     assert max(len(original(x)) for x in out if x["inputs"][0] == NLU) == raw_lengths[0] == 140
 
 
 def test_pieces_fill_the_lengths_exactly(mixed):
-    denoisers = [ul2.Denoiser(*d) for d in ul2.UL2_DENOISERS]
+    denoisers = ul2.Ul2Options().denoisers
     raw_lengths = ul2.denoiser_raw_lengths(denoisers, LENGTHS, features(), 97)
     assert raw_lengths == [140, 145, 94, 113, 147, 125, 64]
     for denoiser, raw in zip(denoisers[:-1], raw_lengths[:-1], strict=True):
-        density, span = denoiser.noise_density, denoiser.mean_noise_span_length
-        inputs, targets = span_corruption.corrupted_lengths(raw, density, span)
+        inputs, targets = span_corruption.corrupted_lengths(raw, denoiser.spans)
         assert inputs + 2 <= LENGTHS["inputs"] and targets + 1 <= LENGTHS["targets"]  # + mode token and EOS
-        inputs, targets = span_corruption.corrupted_lengths(raw + 1, density, span)
+        inputs, targets = span_corruption.corrupted_lengths(raw + 1, denoiser.spans)
         assert inputs + 2 > LENGTHS["inputs"] or targets + 1 > LENGTHS["targets"]
 
 
@@ -113,7 +118,9 @@ def test_each_span_denoiser_has_its_density_and_mean_span_length(documents, spec
         assert x["inputs"][0] == (NLU if mode == "R" else NLG)
         piece_spans = sum(map(is_sentinel, x["targets"]))
         piece_noise, piece_raw = len(x["targets"]) - piece_spans, len(original(x))
-        assert (piece_noise, piece_spans) == span_corruption.noise_counts(piece_raw, density, mean_span)
+        assert (piece_noise, piece_spans) == span_corruption.noise_counts(
+            piece_raw, span_corruption.SpanCorruptionOptions(density, mean_span)
+        )
         noise, spans, raw = noise + piece_noise, spans + piece_spans, raw + piece_raw
     assert abs(noise / raw - density) < 0.01 * density, noise / raw
     assert abs(noise / spans - mean_span) < 0.05 * mean_span, noise / spans
@@ -145,7 +152,7 @@ def test_gin_file_configures_the_denoisers(documents):
     with gin.unlock_config():
         gin.clear_config()
         gin.parse_config_file(str(gin_file))
-        gin.bind_parameter("ptmjax.objectives.ul2.ul2.rates", (0, 0, 0, 0, 0, 0, 1))
+        gin.bind_parameter("ptmjax.objectives.ul2.Ul2Options.rates", (0, 0, 0, 0, 0, 0, 1))
     try:
         out = as_lists(run(lambda ds: ul2.ul2(ds, LENGTHS, features()), documents[:20], 0))
     finally:
