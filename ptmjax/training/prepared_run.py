@@ -103,10 +103,10 @@ class PreparedRun:
             return GenerationIds.read(ModelDir(self.init_checkpoint).generation_path)
         return GenerationIds.from_vocabulary(pipeline.task_vocabulary(task), self.trainer.api.family.encoder_decoder)
 
-    def params_folder(self, name: str, primary: bool) -> ParamsFolder:
+    def params_folder(self, name: str, primary: bool, asynchronous: bool = False) -> ParamsFolder:
         """MODEL_DIR/`name`/: parameters alone, in a model folder of their own (ptmjax/training/params_folder.py)."""
         return ParamsFolder(self.folder.path, name, gin.operative_config_str(), read_only=not primary,
-                            base=self.part.base)
+                            base=self.part.base, asynchronous=asynchronous)
 
     def best_checkpoint(self, metric: str, mode: str, evaluated_tasks: Sequence[str], primary: bool) -> BestCheckpoint:
         """MODEL_DIR/best/, tracking `metric` ('<task>/<metric>' of one of `evaluated_tasks`)."""

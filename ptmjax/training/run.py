@@ -226,7 +226,8 @@ def train(
             built = [Preemption(), NonFiniteWatch(nonfinite), logged,
                      Checkpointing(checkpoint_every, checkpointer, nonfinite, run.part, train_batches.state)]
             if ema_decay is not None:
-                built.append(EmaFolder(checkpoint_every, run.params_folder(EMA_DIR, primary), run.part))
+                ema_folder = run.params_folder(EMA_DIR, primary, asynchronous=True)
+                built.append(EmaFolder(checkpoint_every, ema_folder, run.part))
             built += [loss_eval, *([task_eval] if evaluators else [])]
             state, preempted = run_steps(trainer, state, train_batches, dropout_rng, start, num_steps,
                                          [*built, *callbacks], bar, clock, startup, primary, compiling)

@@ -12,8 +12,9 @@ EMA_DIR = "ema"
 
 class EmaFolder(Periodic):
     """At every checkpoint (every `every` steps, the last step and a stop), writes the averaged parameters
-    (the part the run saves, `part`) to `folder`: MODEL_DIR/ema/, a model folder every tool reads. Runs after
-    the checkpointing callback, which has checked the state finite."""
+    (the part the run saves, `part`) to `folder`: MODEL_DIR/ema/, a model folder every tool reads; in the
+    background when `folder` is asynchronous, done by the run's end. Runs after the checkpointing callback,
+    which has checked the state finite."""
 
     acts_at_stop = True
 
