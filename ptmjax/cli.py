@@ -54,6 +54,11 @@ def _parser() -> argparse.ArgumentParser:
         "(default: runs/<name of the last gin file>)",
     )
     train.add_argument(
+        "--resume_step", type=int, default=None,
+        help="resume from this saved step instead of the newest (e.g. the last good one a non-finite stop names); "
+        "the newer checkpoints are set aside as checkpoints/<step>.abandoned",
+    )
+    train.add_argument(
         "--num_cpu_devices", type=int, default=None,
         help="emulate this many devices on the CPU (to try mesh layouts without accelerators)",
     )
@@ -231,7 +236,7 @@ def run_train(args: argparse.Namespace) -> int:
 
         initialize_distributed()
     model_dir = args.model_dir or os.path.join("runs", Path(gin_files[-1]).stem)
-    result = train(model_dir)
+    result = train(model_dir, resume_step=args.resume_step)
     state = "interrupted (SIGTERM) at" if result.preempted else "finished at"
     print(f"\nTraining {state} step {result.step}.")
     if result.train_loss is not None:

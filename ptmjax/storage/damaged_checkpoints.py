@@ -1,11 +1,13 @@
-"""Resuming past a damaged newest checkpoint (a truncated array file, a deleted `_METADATA`).
+"""Resuming past a damaged newest checkpoint (a truncated array file, a deleted `_METADATA`), or from an older one.
 
 When the newest checkpoint does not restore, its files are read back without
 the model: if that fails too, the checkpoint is damaged. It is set aside as
 `checkpoints/<step>.damaged` (kept for inspection, never deleted) and the run
 resumes from the next newest one, with a message naming the step and what was
 wrong. If the files read back, the checkpoint is intact and the error (a model
-that differs from the saved one) is raised as it is.
+that differs from the saved one) is raised as it is. A run resumed from an older
+step (`--resume_step`) sets the newer checkpoints aside the same way, as
+`<step>.abandoned`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from jax.experimental import multihost_utils
 from ptmjax.storage.checkpoints import Checkpointer, State
 
 DAMAGED_SUFFIX = ".damaged"
+ABANDONED_SUFFIX = ".abandoned"
 
 
 def restore_newest_intact(
@@ -49,6 +52,15 @@ def restore_newest_intact(
             )
 
 
+def set_newer_aside(checkpointer: Checkpointer, step: int, warn: Callable[[str], None] = print) -> None:
+    """Sets the checkpoints newer than `step` aside as `<step>.abandoned` (kept, never deleted), so that the
+    run resumes from `step`."""
+    newer = [s for s in checkpointer.all_steps() if s > step]
+    moved = [set_aside(checkpointer, s, ABANDONED_SUFFIX) for s in sorted(newer)]
+    if moved:
+        warn(f"resuming from step {step}: set the newer checkpoints aside (kept, never deleted): {', '.join(moved)}")
+
+
 def damage(directory: str, step: int) -> str | None:
     """What is wrong with the files of checkpoint `step` under `directory`, or None if they all read back."""
     try:
@@ -59,13 +71,13 @@ def damage(directory: str, step: int) -> str | None:
     return None
 
 
-def set_aside(checkpointer: Checkpointer, step: int) -> str:
-    """Renames checkpoint `step` to `<step>.damaged` (numbered if that exists); returns the new path."""
+def set_aside(checkpointer: Checkpointer, step: int, suffix: str = DAMAGED_SUFFIX) -> str:
+    """Renames checkpoint `step` to `<step><suffix>` (numbered if that exists); returns the new path."""
     source = os.path.join(checkpointer.directory, str(step))
-    target, n = source + DAMAGED_SUFFIX, 1
+    target, n = source + suffix, 1
     while os.path.exists(target):
         n += 1
-        target = f"{source}{DAMAGED_SUFFIX}{n}"
+        target = f"{source}{suffix}{n}"
     if jax.process_index() == 0:
         os.rename(source, target)
     if jax.process_count() > 1:  # no process looks for the next checkpoint before the rename is done

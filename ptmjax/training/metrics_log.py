@@ -17,7 +17,9 @@ EVAL_PREFIX = "eval_"
 class MetricsLog:
     """Appends metrics to `model_dir/metrics.jsonl` and TensorBoard.
 
-    Train and eval records share the file; eval keys start with `eval_`.
+    Train and eval records share the file; eval keys start with `eval_`. A value
+    that is not finite (the loss of a skipped step) is written as null: the file
+    stays strict JSON, which has no NaN.
     TensorBoard gets two runs, `tensorboard/train` and `tensorboard/eval`, with
     the same tags (an eval key loses its prefix), so that `loss` or `accuracy`
     of both overlay in one chart.
@@ -40,9 +42,9 @@ class MetricsLog:
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.read_only:
             return
-        record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+        record = {"step": int(step), **{k: _json_number(v) for k, v in metrics.items()}}
         with open(self.jsonl_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record, allow_nan=False) + "\n")
         import tensorflow as tf
 
         for name, value in metrics.items():
@@ -95,7 +97,7 @@ class MetricsLog:
         records = self.records()
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for key, label in (("loss", "train"), ("eval_loss", "validation")):
-            points = np.array([(r["step"], r[key]) for r in records if key in r])
+            points = np.array([(r["step"], r[key]) for r in records if r.get(key) is not None])
             if len(points):
                 ax.plot(points[:, 0], points[:, 1], marker="o" if key == "eval_loss" else None,
                         markersize=3, label=label)
@@ -119,3 +121,9 @@ class MetricsLog:
     def close(self) -> None:
         for writer in self._writers.values():
             writer.close()
+
+
+def _json_number(value: float) -> float | None:
+    """`value` as a float, or None (JSON's null) when it is NaN or infinite."""
+    number = float(value)
+    return number if np.isfinite(number) else None

@@ -14,7 +14,7 @@ never reaches a checkpoint either.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import gin
@@ -35,7 +35,9 @@ class NonFiniteError(ValueError):
 class NonFinitePolicy:
     """action='stop': stop with an error naming the first non-finite step; no checkpoint is saved after it.
     action='skip': leave that step's update out, log `skipped_steps`, and stop once `max_consecutive_skips`
-    steps in a row were skipped; the newest checkpoint before the first skipped step is kept out of rotation."""
+    steps in a row were skipped, naming the last good checkpoint to resume from (`--resume_step`). No
+    checkpoint is saved while a streak of skipped steps lasts, and the newest checkpoint before the first
+    skipped step is kept out of rotation."""
 
     action: str = "stop"
     max_consecutive_skips: int = 10
@@ -50,11 +52,14 @@ class NonFinitePolicy:
 
 
 class NonFiniteMonitor:
-    """Collects each step's finiteness (device scalars, not read yet) and applies the policy when they are read."""
+    """Collects each step's finiteness (device scalars, not read yet) and applies the policy when they are read.
+    `saved_steps` lists the run's checkpoints, for the step a stop names as the last good one."""
 
-    def __init__(self, policy: NonFinitePolicy):
+    def __init__(self, policy: NonFinitePolicy, saved_steps: Callable[[], list[int]] = list):
         self.policy = policy
+        self.saved_steps = saved_steps
         self.first_skipped_step: int | None = None
+        self.streak_start: int | None = None  # the first skipped step of the streak the last checked step ends
         self._pending: list[tuple[int, jax.Array, jax.Array, jax.Array]] = []
         self._consecutive = 0
         self._unlogged_skips = 0
@@ -68,7 +73,7 @@ class NonFiniteMonitor:
         pending, self._pending = jax.device_get(self._pending), []
         for step, finite, loss, grad_norm in pending:
             if finite:
-                self._consecutive = 0
+                self._consecutive, self.streak_start = 0, None
                 continue
             what = f"step {step} has loss={float(loss)} and grad_norm={float(grad_norm)}"
             if self.policy.action == "stop":
@@ -78,14 +83,33 @@ class NonFiniteMonitor:
                 )
             self._consecutive += 1
             self._unlogged_skips += 1
-            if self.first_skipped_step is None:
-                self.first_skipped_step = step
+            self.streak_start = step if self.streak_start is None else self.streak_start
+            self.first_skipped_step = step if self.first_skipped_step is None else self.first_skipped_step
             if self._consecutive >= self.policy.max_consecutive_skips:
                 raise NonFiniteError(
                     f"{what}: {self._consecutive} non-finite steps in a row were skipped, "
-                    f"NonFinitePolicy.max_consecutive_skips={self.policy.max_consecutive_skips}; stopped; lower "
-                    "the learning rate and resume"
+                    f"NonFinitePolicy.max_consecutive_skips={self.policy.max_consecutive_skips}; stopped. "
+                    f"{self._resume_advice()}"
                 )
+
+    @property
+    def in_streak(self) -> bool:
+        """Whether the last checked step was skipped: its state is no state to save."""
+        return self.streak_start is not None
+
+    def last_good_step(self) -> int | None:
+        """The newest checkpoint saved before the current streak of skipped steps began."""
+        good = [step for step in self.saved_steps() if self.streak_start is None or step < self.streak_start]
+        return max(good, default=None)
+
+    def _resume_advice(self) -> str:
+        good = self.last_good_step()
+        if good is None:
+            return (f"No checkpoint precedes step {self.streak_start}, the first of them: lower the learning rate "
+                    "and start the run over in a new --model_dir")
+        return (f"The last good checkpoint is step {good}, saved before step {self.streak_start}, the first of "
+                f"them: lower the learning rate and resume from it with `ptmjax train ... --resume_step={good}` "
+                f"(in Python: train(..., resume_step={good})), which sets the newer checkpoints aside")
 
     def skipped_since_last_call(self) -> dict[str, float]:
         """{'skipped_steps': n} for a metrics record under the 'skip' policy (checked steps since the last call)."""

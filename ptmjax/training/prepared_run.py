@@ -26,7 +26,7 @@ from ptmjax.data import pipeline, tokenizer_dir
 from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.evaluation.head_evaluator import evaluator_for
 from ptmjax.storage.checkpoints import Checkpointer
-from ptmjax.storage.damaged_checkpoints import restore_newest_intact
+from ptmjax.storage.damaged_checkpoints import restore_newest_intact, set_newer_aside
 from ptmjax.storage.model_dir import ModelDir
 from ptmjax.training import compilation_cache
 from ptmjax.training.best_checkpoint import BestCheckpoint
@@ -52,6 +52,7 @@ class PreparedRun:
     part: SavedPart
     seed: int
     init_checkpoint: str | None
+    resume_step: int | None = None
 
     def write_config(self) -> None:
         """Saves the resolved config (config.gin) and, fine-tuning an import on its own tokenizer, the
@@ -63,9 +64,12 @@ class PreparedRun:
             _keep_import_tokenizer(ModelDir(self.init_checkpoint), self.folder, self.task)
 
     def initial_state(self, checkpointer: Checkpointer, primary: bool) -> tuple[TrainState, dict[str, int]]:
-        """The state and data position to start from: the newest intact checkpoint's, else a fresh state
-        (its parameters from the init checkpoint, if any) at data position 0."""
+        """The state and data position to start from: the newest intact checkpoint's (with `resume_step`,
+        that step's, the newer ones set aside), else a fresh state (its parameters from the init checkpoint,
+        if any) at data position 0."""
         trainer, part = self.trainer, self.part
+        if self.resume_step is not None:
+            set_newer_aside(checkpointer, self.resume_step)
         if checkpointer.latest_step() is not None:
             saved, data_state = restore_newest_intact(checkpointer, part.of(trainer.abstract_state),
                                                       part.of(trainer.state_shardings))
@@ -121,10 +125,16 @@ class PreparedRun:
 
 
 def prepare_run(
-    model_dir: str, spec: RunSpec, task: str, seed: int, init_checkpoint: str | None, compilation_cache_dir: str | None
+    model_dir: str, spec: RunSpec, task: str, seed: int, init_checkpoint: str | None, compilation_cache_dir: str | None,
+    resume_step: int | None = None,
 ) -> PreparedRun:
     """Checks the run and builds its mesh and trainer; writes nothing (see the module docstring)."""
     folder = ModelDir(model_dir)
+    if resume_step is not None:
+        try:
+            folder.checkpoint_step(resume_step)
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"--resume_step={resume_step}: {error}") from None
     if init_checkpoint is not None and not folder.saved_steps():
         ModelDir(init_checkpoint).checkpoint_step()  # fails here, before anything is built or written
     compilation_cache.use_compilation_cache(compilation_cache_dir)
@@ -137,7 +147,7 @@ def prepare_run(
     part = saved_part(folder, trainer, init_checkpoint, spec.trainable is not None)
     check_resumable(folder, part.of(trainer.abstract_state))  # before config.gin is rewritten
     check_run_splits(task)
-    return PreparedRun(folder, spec, task, mesh, trainer, part, seed, init_checkpoint)
+    return PreparedRun(folder, spec, task, mesh, trainer, part, seed, init_checkpoint, resume_step)
 
 
 def run_dataset(

@@ -68,7 +68,7 @@ class TrainResult:
 
 
 @locks_model_dir
-@gin.configurable(denylist=["model_dir"])
+@gin.configurable(denylist=["model_dir", "resume_step"])
 def train(
     model_dir: str,
     model: nn.Module = gin.REQUIRED,
@@ -102,6 +102,7 @@ def train(
     prefetch_batches: int = 2,
     compilation_cache_dir: str | None = compilation_cache.AUTO,
     callbacks: Sequence[Callback] = (),
+    resume_step: int | None = None,
 ) -> TrainResult:
     """Pre-trains `model` on a seqio mixture; resumes from `model_dir`.
 
@@ -168,6 +169,9 @@ def train(
         (ptmjax/training/compilation_cache.py).
       callbacks: more callbacks (ptmjax/training/callbacks/callback.py), called after every step after the
         run's own: preemption, the non-finite watch, logging, checkpointing, loss and inference evaluation.
+      resume_step: resume from this saved step instead of the newest; the newer checkpoints are set aside as
+        checkpoints/<step>.abandoned (kept), their metrics dropped. Not a gin binding (`ptmjax train
+        --resume_step`): a one-off choice, not part of the saved config.
     """
     startup = StartupClock("imports and gin")
     task = getattr(mixture_or_task_name, "name", mixture_or_task_name)
@@ -181,7 +185,7 @@ def train(
         schedule=schedule, loss_config=loss_config, mesh_config=mesh_config, num_microbatches=num_microbatches,
         pack=pack, trainable=trainable, ema_decay=ema_decay,
     )
-    run = prepare_run(model_dir, spec, task, seed, init_checkpoint, compilation_cache_dir)
+    run = prepare_run(model_dir, spec, task, seed, init_checkpoint, compilation_cache_dir, resume_step)
     trainer = run.trainer
     startup.mark("model and checks")
     os.makedirs(run.folder.path, exist_ok=True)
@@ -190,7 +194,7 @@ def train(
         dropout_rng = jax.random.key(seed + 1)
         # XLA compiles the step (or reads it from the compilation cache) while this thread restores or
         # initialises the state and builds the pipelines; not for a run whose newest checkpoint already ends it.
-        latest = checkpointer.latest_step()
+        latest = checkpointer.latest_step() if resume_step is None else resume_step
         compiling = (trainer.start_compiling_train_step(spec.abstract_batch(trainer.batch_sharding), dropout_rng)
                      if latest is None or latest < num_steps else None)
         primary = multihost.is_primary()
@@ -213,7 +217,8 @@ def train(
         startup.mark("train pipeline")
         with train_batches, tqdm(total=num_steps, initial=start, disable=not (show_progress and primary),
                                  unit="step", dynamic_ncols=True) as bar:
-            clock, nonfinite = StepClock(), NonFiniteMonitor(nonfinite_policy or NonFinitePolicy())
+            clock = StepClock()
+            nonfinite = NonFiniteMonitor(nonfinite_policy or NonFinitePolicy(), checkpointer.all_steps)
             parameter_sets = dict(PARAMS)
             if ema_decay is not None:
                 parameter_sets["ema_"] = lambda state: averaged_params(state.params, state.extra)
