@@ -2,14 +2,16 @@
 
 `prepare_run` fails fast, with nothing written: a missing init checkpoint, a
 vocabulary larger than the model's embedding, a batch that does not split over
-the mesh, a checkpoint of another model in the folder, a task without the
-splits the run reads. The `PreparedRun` then writes the config, restores or
-initialises the state, and builds the datasets and evaluators the run reads.
+the mesh, a checkpoint of another model in the folder, a folder that cannot be
+written or has no room for a checkpoint, a task without the splits the run
+reads. The `PreparedRun` then writes the config, restores or initialises the
+state, and builds the datasets and evaluators the run reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -17,6 +19,7 @@ from typing import Any
 
 import gin
 import jax
+import jax.numpy as jnp
 import seqio
 from flax import linen as nn
 from jax.sharding import Mesh
@@ -28,6 +31,7 @@ from ptmjax.evaluation.head_evaluator import evaluator_for
 from ptmjax.storage.checkpoints import Checkpointer
 from ptmjax.storage.damaged_checkpoints import restore_newest_intact, set_newer_aside
 from ptmjax.storage.model_dir import ModelDir
+from ptmjax.storage.writable import check_writable
 from ptmjax.training import compilation_cache
 from ptmjax.training.best_checkpoint import BestCheckpoint
 from ptmjax.training.init_checkpoint import initial_params
@@ -146,6 +150,8 @@ def prepare_run(
         print(f"Training {count:,} of {total:,} parameter values ({count / total:.2%}); the rest are frozen")
     part = saved_part(folder, trainer, init_checkpoint, spec.trainable is not None)
     check_resumable(folder, part.of(trainer.abstract_state))  # before config.gin is rewritten
+    check_writable(folder.path)
+    check_writable(folder.checkpoints_path, needed_bytes=_bytes(part.of(trainer.abstract_state)))
     check_run_splits(task)
     return PreparedRun(folder, spec, task, mesh, trainer, part, seed, init_checkpoint, resume_step)
 
@@ -185,3 +191,8 @@ def _check_vocabulary(model: nn.Module, mixture_or_task_name: str) -> None:
             f"model vocab_size {model_vocab} is smaller than the {vocab_size} ids of "
             f"{mixture_or_task_name!r}'s vocabulary; set {type(model.config).__name__}.vocab_size >= {vocab_size}"
         )
+
+
+def _bytes(abstract_tree: Any) -> int:
+    """The bytes of a tree of arrays (or ShapeDtypeStructs): what one checkpoint of it writes."""
+    return sum(math.prod(leaf.shape) * jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(abstract_tree))

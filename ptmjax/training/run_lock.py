@@ -27,6 +27,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from ptmjax.storage.model_dir import ModelDir
+from ptmjax.storage.writable import FolderNotWritable
 from ptmjax.training import multihost
 
 _HELD: set[str] = set()  # lock files this process holds: its own pid in any other lock file is a reused pid
@@ -68,12 +69,14 @@ def holding_run_lock(model_dir: str) -> Iterator[None]:
     if multihost.is_primary():
         try:
             _acquire(folder)
-        except RunDirInUse as error:
+        except (RunDirInUse, FolderNotWritable) as error:
             refusal = error
+            if created and os.path.isdir(folder.path) and not os.listdir(folder.path):
+                os.rmdir(folder.path)
     if jax.process_count() > 1:
         locked = bool(multihost_utils.broadcast_one_to_all(np.array(refusal is None, np.int32)))
         if not locked and refusal is None:
-            raise RunDirInUse(f"process 0 could not lock {folder.path}: another run uses it (see process 0's error)")
+            raise RunDirInUse(f"process 0 could not lock {folder.path} (see process 0's error)")
     if refusal is not None:
         raise refusal
     try:
@@ -97,7 +100,13 @@ def locks_model_dir(run: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _acquire(folder: ModelDir) -> None:
-    os.makedirs(folder.path, exist_ok=True)
+    try:
+        os.makedirs(folder.path, exist_ok=True)
+    except OSError as error:
+        raise FolderNotWritable(
+            f"cannot create {folder.path} ({error.strerror or error}); make its parent writable, or choose "
+            "another --model_dir"
+        ) from None
     me = LockOwner.this_process()
     with _folder_flock(folder):
         owner = _read(folder.lock_path)
@@ -113,11 +122,25 @@ def _acquire(folder: ModelDir) -> None:
                 "which no longer runs",
                 stacklevel=3,
             )
-        partial = folder.lock_path + f".{me.pid}.tmp"
-        with open(partial, "w") as f:
-            json.dump(dataclasses.asdict(me), f)
-        os.replace(partial, folder.lock_path)
+        _write_lock(folder.lock_path, me)
         _HELD.add(folder.lock_path)
+
+
+def _write_lock(path: str, owner: LockOwner) -> None:
+    """Writes the lock through a temporary file and a rename; a write that fails (a full or read-only disk)
+    leaves no temporary file and is a FolderNotWritable naming the folder."""
+    partial = path + f".{owner.pid}.tmp"
+    try:
+        with open(partial, "w") as f:
+            json.dump(dataclasses.asdict(owner), f)
+        os.replace(partial, path)
+    except OSError as error:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
+        raise FolderNotWritable(
+            f"cannot write the run lock {path} ({error.strerror or error}); make {os.path.dirname(path)} "
+            "writable and free space there, or choose another --model_dir"
+        ) from None
 
 
 def _release(folder: ModelDir) -> None:
