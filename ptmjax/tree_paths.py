@@ -21,6 +21,18 @@ def shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
     return {p: tuple(v.shape) for p, v in leaves_by_path(tree)}
 
 
+def shape_differences(there: dict[str, tuple[int, ...]], here: dict[str, tuple[int, ...]], shown: int = 3) -> str:
+    """'a/b is (2, 3) there, absent here; ... and 4 more' for the paths whose shapes differ between two
+    {path: shape} maps (parameters first), '' when none do."""
+    differences = [
+        f"{path} is {there.get(path, 'absent')} there, {here.get(path, 'absent')} here"
+        for path in sorted(there.keys() | here.keys(), key=lambda p: (not p.startswith("params/"), p))
+        if there.get(path) != here.get(path)
+    ]
+    more = f" and {len(differences) - shown} more" if len(differences) > shown else ""
+    return "; ".join(differences[:shown]) + more if differences else ""
+
+
 def path_name(keys: tuple[Any, ...]) -> str:
     """'encoder/layers_0/kernel' of a key path: dict keys, attribute names and indices alike."""
     parts = []

@@ -30,7 +30,7 @@ import jax
 
 from ptmjax.decoding.generation_ids import GENERATION_FILE
 from ptmjax.storage.checkpoints import Checkpointer, saved_state_metadata
-from ptmjax.tree_paths import overlay, shapes_by_path, subtree
+from ptmjax.tree_paths import overlay, shape_differences, shapes_by_path, subtree
 
 CONFIG_FILE = "config.gin"
 CHECKPOINTS = "checkpoints"
@@ -120,23 +120,55 @@ class ModelDir:
         base = self.base()
         if base is None:
             return own
-        folder, base_step = base
-        return overlay(folder.params_metadata(base_step), own)
+        return overlay(self._base_params_metadata(base), own)
 
     def checkpointer(self, **options: Any) -> Checkpointer:
         """The folder's Checkpointer (it creates checkpoints/ when missing: for writing)."""
         return Checkpointer(self.checkpoints_path, **options)
 
-    def read_params(self, abstract_params: Any, shardings: Any = None, step: int | None = None) -> Any:
+    def read_params(self, abstract_params: Any, shardings: Any = None, step: int | None = None, *,
+                    whole: bool = True) -> Any:
         """A checkpoint's parameters (default: the newest): numpy arrays on the host, or placed on `shardings`.
 
-        Those a folder with a base does not save are read from its base (base.json).
+        Those a folder with a base does not save are read from its base (base.json). `whole`: the checkpoint
+        must hold exactly the parameters of `abstract_params` (see `check_params`); False reads a part of them.
         """
         step = self.checkpoint_step(step)
+        if whole:
+            self.check_params(abstract_params, step)
         base = self.base()
         if base is not None:
             return self._read_over_base(base, abstract_params, shardings, step)
         return self._restore_params(abstract_params, shardings, step)
+
+    def check_params(self, abstract_params: Any, step: int | None = None) -> None:
+        """Raises a ValueError naming the differing paths and shapes unless checkpoint `step` (with its base's
+        parameters, of which it may hold more: a pre-training head) saved the parameters of `abstract_params`
+        (the model this folder's config.gin builds, for its readers); reads only metadata."""
+        step = self.checkpoint_step(step)
+        wanted, saved = shapes_by_path(abstract_params), shapes_by_path(self.params_metadata(step))
+        if self.base() is not None:
+            saved = {path: shape for path, shape in saved.items() if path in wanted}
+        differences = shape_differences(saved, wanted)
+        if differences:
+            raise ValueError(
+                f"{self.checkpoints_path} (step {step}) holds another model than {self.config_path} builds: "
+                f"{differences}. Nothing was read: was config.gin edited after the checkpoint was saved? Put "
+                "back the config it was saved with"
+            )
+
+    def _base_where(self, base: tuple[ModelDir, int]) -> str:
+        folder, step = base
+        return f"{self.path} takes the parameters it does not save from {folder.path} (step {step}, its {BASE_FILE})"
+
+    def _base_params_metadata(self, base: tuple[ModelDir, int]) -> dict[str, Any]:
+        """The base's parameters' metadata; a FileNotFoundError naming this folder's base.json if it is gone."""
+        folder, step = base
+        try:
+            return folder.params_metadata(step)
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"{self._base_where(base)}, which is gone ({error}); put it back, or point "
+                                    f"{self.base_path} at a copy of it") from None
 
     def _restore_params(self, abstract_params: Any, shardings: Any, step: int) -> Any:
         checkpointer = Checkpointer(self.checkpoints_path, read_only=True)
@@ -152,13 +184,8 @@ class ModelDir:
         rest = sorted(wanted.keys() - set(own))
 
         folder, base_step = base
-        where = f"{self.path} takes the parameters it does not save from {folder.path} (step {base_step}, " \
-                f"its {BASE_FILE})"
-        try:
-            in_base = shapes_by_path(folder.state_metadata(base_step)["params"])
-        except FileNotFoundError as error:
-            raise FileNotFoundError(f"{where}, which is gone ({error}); put it back, or point {self.base_path} at "
-                                    "a copy of it") from None
+        where = self._base_where(base)
+        in_base = shapes_by_path(self._base_params_metadata(base))
         missing = sorted(set(rest) - in_base.keys())
         if missing:
             raise ValueError(f"{where}, which lacks {len(missing)} of them: {missing[:3]}; put the base back, or "
@@ -167,7 +194,7 @@ class ModelDir:
         def part(paths: list[str]) -> tuple[Any, Any]:
             return subtree(abstract_params, paths), None if shardings is None else subtree(shardings, paths)
 
-        base_part = folder.read_params(*part(rest), base_step) if rest else {}
+        base_part = folder.read_params(*part(rest), base_step, whole=False) if rest else {}
         return overlay(base_part, self._restore_params(*part(own), step) if own else {})
 
 

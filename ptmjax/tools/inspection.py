@@ -290,10 +290,10 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
     plain = api.unscanned()  # a scanned model's optimizer state mirrors its unscanned twin's parameters
     mirrors = None if plain is api else (plain.abstract_params, plain.logical_axes)
     on_disk = folder.state_metadata(step)
+    folder.check_params(api.abstract_params, step)
     params = folder.params_metadata(step)  # with those from the base of a run that saves only what it trains
     if folder.base() is not None:  # its base may hold parameters the model leaves out (a pre-training head)
-        params = subtree(params, shapes_by_path(api.abstract_params).keys() & shapes_by_path(params).keys())
-    _check_same_shapes(api.abstract_params, params, folder.path)
+        params = subtree(params, shapes_by_path(api.abstract_params).keys())
     if num_devices is None:
         sizes = list(mesh_config.requested_sizes().values())
         saved_mesh = saved_mesh_shape(on_disk)  # a -1 axis fills as many devices as the run saved from
@@ -308,16 +308,6 @@ def inspect_checkpoint(model_dir: str, mesh_axes: Mapping[str, int] | None = Non
         on_disk.get(OPT_STATE) if include_opt_state else None,
         title=f"{os.path.basename(folder.path)} step {step}", opt_state_mirrors=mirrors,
     )
-
-
-def _check_same_shapes(model_params: Any, saved_params: Any, model_dir: str) -> None:
-    want, got = shapes_by_path(model_params), shapes_by_path(saved_params)
-    if want != got:
-        diff = sorted(set(want.items()) ^ set(got.items()))[:4]
-        raise ValueError(
-            f"the checkpoint in {model_dir} does not match the model its config.gin builds "
-            f"(first differences, path and shape: {diff}); was config.gin edited after the run?"
-        )
 
 
 def _module(path: str) -> str:

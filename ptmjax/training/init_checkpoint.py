@@ -48,7 +48,7 @@ def initial_params(model_dir: str, trainer: Trainer, rng: jax.Array) -> Any:
     _check_shared(folder, api, saved, wanted, shared)
     subset = subtree(layout.abstract_params, shared)
     if layout is api:
-        restored = folder.read_params(subset, subtree(trainer.state_shardings.params, shared), step)
+        restored = folder.read_params(subset, subtree(trainer.state_shardings.params, shared), step, whole=False)
         params = restored if len(shared) == len(wanted) else trainer.init_around(rng, restored)
     else:  # the checkpoint has the other layer layout: convert on the host
         config = api.module.config
@@ -56,7 +56,7 @@ def initial_params(model_dir: str, trainer: Trainer, rng: jax.Array) -> Any:
         if not api.scanning:
             to_saved, to_model = to_model, to_saved
         fresh = jax.device_get(trainer.init_state(rng).params)
-        host = overlay(to_saved(fresh, config), folder.read_params(subset, step=step))
+        host = overlay(to_saved(fresh, config), folder.read_params(subset, step=step, whole=False))
         params = jax.device_put(to_model(host, config), trainer.state_shardings.params)
     print(f"Initialised {len(shared)} of {len(wanted)} parameter arrays from {folder.checkpoints_path} (step {step})")
     _print_paths("newly initialised", sorted(wanted.keys() - saved.keys()))

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from ptmjax.storage.model_dir import ModelDir
 from ptmjax.training.train_state import TrainState
-from ptmjax.tree_paths import shapes_by_path
-
-SHOWN = 3  # differences named in the message
+from ptmjax.tree_paths import shape_differences, shapes_by_path
 
 
 def check_resumable(folder: ModelDir, abstract_state: TrainState) -> None:
@@ -23,18 +21,11 @@ def check_resumable(folder: ModelDir, abstract_state: TrainState) -> None:
     else:
         return
     fields = ("params", "opt_state", "extra")
-    there = shapes_by_path({name: saved.get(name) for name in fields})
-    here = shapes_by_path({name: getattr(abstract_state, name) for name in fields})
-    differences = [
-        f"{path} is {there.get(path, 'absent')} there, {here.get(path, 'absent')} here"
-        for path in sorted(there.keys() | here.keys(), key=lambda p: (not p.startswith("params/"), p))
-        if there.get(path) != here.get(path)
-    ]
-    if not differences:
-        return
-    more = f" and {len(differences) - SHOWN} more" if len(differences) > SHOWN else ""
-    raise ValueError(
-        f"{folder.checkpoints_path} (step {step}) holds another model or optimizer than this "
-        f"config builds: {'; '.join(differences[:SHOWN])}{more}. Nothing was written: train this config in a new "
-        f"--model_dir, or resume this run with its own config ({folder.config_path})"
-    )
+    differences = shape_differences(shapes_by_path({name: saved.get(name) for name in fields}),
+                                    shapes_by_path({name: getattr(abstract_state, name) for name in fields}))
+    if differences:
+        raise ValueError(
+            f"{folder.checkpoints_path} (step {step}) holds another model or optimizer than this config builds: "
+            f"{differences}. Nothing was written: train this config in a new --model_dir, or resume this run "
+            f"with its own config ({folder.config_path})"
+        )

@@ -43,7 +43,7 @@ class SavedPart:
         folder, step = self.base
         abstract, shardings = trainer.abstract_state.params, trainer.state_shardings.params
         rest = sorted(shapes_by_path(abstract).keys() - set(self.paths))
-        base_params = folder.read_params(subtree(abstract, rest), subtree(shardings, rest), step)
+        base_params = folder.read_params(subtree(abstract, rest), subtree(shardings, rest), step, whole=False)
         return saved.replace(params=overlay(base_params, saved.params))
 
 
