@@ -134,6 +134,12 @@ def _add_infer_parser(commands: argparse._SubParsersAction) -> None:
     infer.add_argument("--seed", type=int, default=0, help="--method sample: the random seed")
     infer.add_argument("--batch_size", type=int, default=8, help="inputs per jitted call (default 8)")
     infer.add_argument("--max_examples", type=int, default=None, help="decode only the first N inputs")
+    infer.add_argument("--max_input_length", type=int, default=None,
+                       help="the most tokens an input may have (default: an encoder-decoder run's trained inputs "
+                       "length, else its tokenizer's model_max_length)")
+    infer.add_argument("--truncate_inputs", action="store_true",
+                       help="cut longer inputs to their first --max_input_length tokens, with a warning (default: "
+                       "refuse them)")
 
 
 def _add_probe_parser(commands: argparse._SubParsersAction) -> None:

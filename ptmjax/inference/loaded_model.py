@@ -22,7 +22,7 @@ from ptmjax.decoding import DecodeConfig, DecodeOutput, GenerationIds
 from ptmjax.decoding.sharded import jit_predict
 from ptmjax.families.model_api import ModelApi, model_api
 from ptmjax.inference.rows import RowFormat
-from ptmjax.inference.text import Inputs, check_texts, encode, until_eos
+from ptmjax.inference.text import Inputs, check_texts, encode, fit_to_limit, until_eos
 
 DEFAULT_BATCH_SIZE = 8
 
@@ -46,7 +46,10 @@ class LoadedModel:
     vocabulary, generation_ids: how text becomes ids and where decoding starts and stops;
     row_format: how ids become rows (inference/rows.py); source: where it was loaded from;
     batch_size: rows per jitted call (rounded up to the mesh's data-parallel size);
-    task_name, task_feature_lengths: a run's training task and lengths (None otherwise).
+    task_name, task_feature_lengths: a run's training task and lengths (None otherwise);
+    max_input_length: the most ids an input may have (None: as many as the positions allow) and
+    max_input_length_source, where that limit comes from: a longer input is refused, or cut with
+    `truncate=True`, before it reaches the model (a long prompt would compile and allocate for its length).
     """
 
     module: nn.Module
@@ -60,6 +63,8 @@ class LoadedModel:
     batch_size: int = DEFAULT_BATCH_SIZE
     task_name: str | None = None
     task_feature_lengths: Mapping[str, int] | None = None
+    max_input_length: int | None = None
+    max_input_length_source: str = "max_input_length"
     _predictors: dict[DecodeConfig, Callable[..., DecodeOutput]] = dataclasses.field(default_factory=dict, repr=False)
     _scorer: Callable[..., jax.Array] | None = dataclasses.field(default=None, repr=False)
 
@@ -92,34 +97,44 @@ class LoadedModel:
 
     def generate(
         self, inputs: Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
-        batch_size: int | None = None, **overrides: Any,
+        batch_size: int | None = None, truncate: bool = False, **overrides: Any,
     ) -> list[str] | list[list[str]]:
         """The generated text of each input: a string, or a list of num_decodes strings (best first) when
         num_decodes > 1. `inputs`: texts, or token id lists used as they are (special tokens included).
-        `overrides`: DecodeConfig fields (method='beam', num_beams=4, ...); sampling draws from `seed`."""
+        `overrides`: DecodeConfig fields (method='beam', num_beams=4, ...); sampling draws from `seed`.
+        An input longer than the model takes (`max_input_length`, the positions) is an error, or with
+        `truncate` cut to its first ids with a warning."""
         config = self.decode_config(config, **overrides)
-        predictions = self.predict(inputs, config, seed=seed, batch_size=batch_size)
+        predictions = self.predict(inputs, config, seed=seed, batch_size=batch_size, truncate=truncate)
         if config.num_decodes == 1:
             return [p.outputs[0] for p in predictions]
         return [list(p.outputs) for p in predictions]
 
     def predict(
         self, inputs: Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
-        batch_size: int | None = None, **overrides: Any,
+        batch_size: int | None = None, truncate: bool = False, **overrides: Any,
     ) -> list[Prediction]:
         """`generate` with scores and token ids: one `Prediction` per input."""
-        batches = self.iter_predict(inputs, config, seed=seed, batch_size=batch_size, **overrides)
+        batches = self.iter_predict(inputs, config, seed=seed, batch_size=batch_size, truncate=truncate, **overrides)
         return [p for batch in batches for p in batch]
 
     def iter_predict(
         self, inputs: Inputs, config: DecodeConfig | None = None, *, seed: int = 0,
-        batch_size: int | None = None, **overrides: Any,
+        batch_size: int | None = None, truncate: bool = False, **overrides: Any,
     ) -> Iterator[list[Prediction]]:
-        """`predict` one batch at a time (for progress bars). Every batch has the same shape: one compile."""
+        """`predict` one batch at a time (for progress bars). Every batch has the same shape: one compile.
+        Bad inputs are refused here, before the first batch is asked for."""
         config = self.decode_config(config, **overrides)
         texts, ids = self._encoded(inputs, "inputs", self.row_format.add_eos)
-        length = bucket_length(max(map(len, ids)), self._prompt_limit(config.max_decode_length))
-        rows = self.row_format.predict_rows(ids, length)
+        room = self._prompt_limit(config.max_decode_length)
+        ids = self._fitted(ids, truncate, room)
+        rows = self.row_format.predict_rows(ids, bucket_length(max(map(len, ids)), room))
+        return self._predicted_batches(texts, rows, config, seed, batch_size)
+
+    def _predicted_batches(
+        self, texts: list[str], rows: Mapping[str, np.ndarray], config: DecodeConfig, seed: int,
+        batch_size: int | None,
+    ) -> Iterator[list[Prediction]]:
         run = self._predictor(config)
         eos = self.generation_ids.for_decoding().eos_token_id
         key = jax.random.key(seed)
@@ -137,9 +152,12 @@ class LoadedModel:
             start += real
             yield batch_predictions
 
-    def score(self, inputs: Inputs, targets: Inputs, *, batch_size: int | None = None) -> np.ndarray:
-        """float32 [n]: log p(target_i | input_i), EOS included (`ModelApi.score` of the family's rows)."""
+    def score(self, inputs: Inputs, targets: Inputs, *, batch_size: int | None = None,
+              truncate: bool = False) -> np.ndarray:
+        """float32 [n]: log p(target_i | input_i), EOS included (`ModelApi.score` of the family's rows);
+        inputs longer than `max_input_length` as `generate` treats them."""
         _, input_ids = self._encoded(inputs, "inputs", self.row_format.add_eos)
+        input_ids = self._fitted(input_ids, truncate, None)
         _, target_ids = self._encoded(targets, "targets", True, bos=not self.row_format.causal)
         if len(input_ids) != len(target_ids):
             raise ValueError(f"{len(input_ids)} inputs but {len(target_ids)} targets; pass one target per input")
@@ -168,6 +186,13 @@ class LoadedModel:
         texts = check_texts(inputs, name)
         bos_id = self.row_format.bos_id if bos else None
         return texts, [encode(self.vocabulary, t, bos_id, add_eos) for t in texts]
+
+    def _fitted(self, ids: list[list[int]], truncate: bool, room: int | None) -> list[list[int]]:
+        """`ids` within `max_input_length` and the decoder-only prompt `room` (see `fit_to_limit`)."""
+        limits = [(self.max_input_length, self.max_input_length_source),
+                  (room, f"{type(self.module).__name__}'s positions less the decode length")]
+        known = [(limit, why) for limit, why in limits if limit is not None]
+        return fit_to_limit(ids, *min(known), truncate) if known else ids
 
     def _prompt_limit(self, max_decode_length: int) -> int | None:
         """The most prompt ids a row may hold: a learned position table bounds prompt and decode together."""

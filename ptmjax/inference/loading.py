@@ -15,6 +15,7 @@ decoder-only prompts plain and causal, as `transformers` generates).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -31,28 +32,55 @@ from ptmjax.inference.rows import RowFormat
 from ptmjax.storage.model_dir import CONFIG_FILE, ModelDir
 
 HF_CONFIG = "config.json"
+MODEL_MAX_LENGTH_UNSET = 10**8  # transformers writes int(1e30) for a tokenizer that sets no length
 
 
 def load(
-    path: str, step: int | None = None, mesh: Mesh | None = None, batch_size: int = DEFAULT_BATCH_SIZE
+    path: str, step: int | None = None, mesh: Mesh | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+    max_input_length: int | None = None,
 ) -> LoadedModel:
-    """The model at `path` with its parameters (checkpoint `step`, default the newest) on `mesh`."""
+    """The model at `path` with its parameters (checkpoint `step`, default the newest) on `mesh`.
+
+    max_input_length: the most ids an input may have (see `input_limit` for the default); a longer one is an
+    error, or cut with `generate(..., truncate=True)`."""
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path} is not a folder; pass a `ptmjax train` run, an imported model or a Hugging "
                                 "Face folder")
     mesh = partitioning.make_mesh(partitioning.MeshConfig(data=-1)) if mesh is None else mesh
+    if max_input_length is not None and (not isinstance(max_input_length, int) or max_input_length < 1):
+        raise ValueError(f"max_input_length={max_input_length!r} must be a positive int (or None)")
     if os.path.isfile(os.path.join(path, CONFIG_FILE)):
-        return _load_model_dir(ModelDir(path), step, mesh, batch_size)
-    if os.path.isfile(os.path.join(path, HF_CONFIG)):
+        folder = ModelDir(path)
+        loaded, tokenizer = _load_model_dir(folder, step, mesh, batch_size), folder.tokenizer_path
+    elif os.path.isfile(os.path.join(path, HF_CONFIG)):
         if step is not None:
             raise ValueError(f"step={step} given for the Hugging Face folder {path}, which holds one set of weights; "
                              "drop it")
-        return _load_hf_dir(path, mesh, batch_size)
-    raise FileNotFoundError(
-        f"{path} has neither a {CONFIG_FILE} (a ptmjax run or import) nor a {HF_CONFIG} (a Hugging Face folder); "
-        "pass one of those"
-    )
+        loaded, tokenizer = _load_hf_dir(path, mesh, batch_size), path
+    else:
+        raise FileNotFoundError(
+            f"{path} has neither a {CONFIG_FILE} (a ptmjax run or import) nor a {HF_CONFIG} (a Hugging Face "
+            "folder); pass one of those"
+        )
+    limit, why = (max_input_length, "max_input_length") if max_input_length is not None else input_limit(
+        loaded, tokenizer)
+    return dataclasses.replace(loaded, max_input_length=limit, max_input_length_source=why)
+
+
+def input_limit(model: LoadedModel, tokenizer_path: str) -> tuple[int | None, str]:
+    """The most ids an input may have, and why: for an encoder-decoder run, the inputs length it trained on;
+    else the model_max_length of its Hugging Face tokenizer files, if they set one; else none (None, '')."""
+    from ptmjax.data import tokenizer_dir
+
+    trained = (model.task_feature_lengths or {}).get("inputs")
+    if trained is not None and model.api.family.encoder_decoder:
+        return int(trained), "the inputs length it trained on, train.task_feature_lengths['inputs']"
+    configured = tokenizer_dir.tokenizer_config(tokenizer_path).get("model_max_length") \
+        if os.path.isdir(tokenizer_path) else None
+    if isinstance(configured, int) and 0 < configured < MODEL_MAX_LENGTH_UNSET:
+        return configured, "its tokenizer's model_max_length"
+    return None, ""
 
 
 def _load_model_dir(folder: ModelDir, step: int | None, mesh: Mesh, batch_size: int) -> LoadedModel:
@@ -66,10 +94,11 @@ def _load_model_dir(folder: ModelDir, step: int | None, mesh: Mesh, batch_size: 
         shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, mesh_config.rules)
     params = folder.read_params(api.abstract_params, shardings, folder.checkpoint_step(step))
     source = f"{folder.path} (step {folder.checkpoint_step(step)})"
-    if os.path.isfile(folder.generation_path):  # an import: text as its Hugging Face tokenizer encodes it
-        return LoadedModel(model, params, vocabulary, ids, mesh, mesh_config.rules,
-                           _hf_row_format(model, ids, vocabulary), source, batch_size)
     bindings = gin_files.read_train_bindings(folder)
+    if os.path.isfile(folder.generation_path):  # an import (or a run from one): text as its tokenizer encodes it
+        return LoadedModel(model, params, vocabulary, ids, mesh, mesh_config.rules,
+                           _hf_row_format(model, ids, vocabulary), source, batch_size,
+                           task_feature_lengths=bindings.get("task_feature_lengths"))
     task = bindings.get("mixture_or_task_name")
     task_name = getattr(task, "name", task)
     inputs = pipeline.get_task_or_mixture(task_name).output_features.get("inputs") if task_name else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -29,6 +30,27 @@ def encode(vocabulary: seqio.Vocabulary, text: str, bos_id: int | None, add_eos:
     """The token ids of `text`, after `bos_id` (if any) and before EOS (if `add_eos`)."""
     ids = [int(i) for i in vocabulary.encode(text)]
     return ([] if bos_id is None else [bos_id]) + ids + ([vocabulary.eos_id] if add_eos else [])
+
+
+def fit_to_limit(ids: list[list[int]], limit: int, why: str, truncate: bool) -> list[list[int]]:
+    """`ids` when every input has at most `limit` ids (`why`: where the limit comes from); else a ValueError
+    naming the first longer input, or with `truncate` each longer input cut to its first `limit` ids (as
+    seqio cuts training examples) and one warning."""
+    longer = [i for i, x in enumerate(ids) if len(x) > limit]
+    if not longer:
+        return ids
+    if not truncate:
+        first = longer[0]
+        raise ValueError(
+            f"input {first + 1} of {len(ids)} has {len(ids[first])} tokens, more than the {limit} this model takes "
+            f"({why}); shorten it, pass truncate=True (ptmjax infer --truncate_inputs) to keep the first {limit} "
+            "tokens of each longer input, or load it with max_input_length=N (--max_input_length N)"
+        )
+    warnings.warn(
+        f"{len(longer)} of {len(ids)} inputs had more than {limit} tokens ({why}; the longest "
+        f"{max(len(ids[i]) for i in longer)}) and were cut to their first {limit}", stacklevel=3,
+    )
+    return [x[:limit] for x in ids]
 
 
 def until_eos(tokens: np.ndarray, eos_id: int) -> list[int]:

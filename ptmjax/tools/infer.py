@@ -113,19 +113,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("pass either --task NAME (with --split) or --input_file FILE ('-' for standard input)")
     path = output_path(args)
     examples = read_lines(args.input_file) if args.input_file else None
-    model = load(args.model_dir, step=args.step, batch_size=args.batch_size)
+    model = load(args.model_dir, step=args.step, batch_size=args.batch_size, max_input_length=args.max_input_length)
     config = decode_config(args)
     if examples is None:
         examples = task_examples(model, args.task, args.split, args.max_examples, args.task_feature_lengths)
     examples = examples[: args.max_examples]
     inputs: Sequence[Any] = [e.ids for e in examples] if examples[0].ids else [e.inputs for e in examples]
+    batches = model.iter_predict(inputs, config, seed=args.seed, truncate=args.truncate_inputs)  # inputs checked
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     start, tokens, scores, done = time.perf_counter(), 0, [], 0
     several = config.num_decodes > 1
     handle, temporary = tempfile.mkstemp(prefix=".infer-", suffix=".jsonl", dir=os.path.dirname(os.path.abspath(path)))
     try:
         with os.fdopen(handle, "w") as f, tqdm(total=len(examples), unit="ex", dynamic_ncols=True) as bar:
-            for batch in model.iter_predict(inputs, config, seed=args.seed):
+            for batch in batches:
                 for prediction in batch:
                     f.write(json.dumps(record(examples[done], prediction, several), ensure_ascii=False) + "\n")
                     tokens += sum(len(t) for t in prediction.tokens)
