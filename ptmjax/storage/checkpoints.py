@@ -47,13 +47,15 @@ class CheckpointSaveError(ValueError):
 
 
 class _KeptSteps(ocp.checkpoint_managers.PreservationPolicy):
-    """Preserves the steps in a set that may grow while the manager runs."""
+    """Preserves the steps listed in `directory`'s kept_steps.json, read again at every decision: another run
+    that depends on a step (ptmjax/training/saved_part.py) may add it while this one trains."""
 
-    def __init__(self, steps: set[int]):
-        self.steps = steps
+    def __init__(self, directory: str):
+        self.directory = directory
 
     def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
-        return [checkpoint.step in self.steps for checkpoint in checkpoints]
+        kept = set(read_kept_steps(self.directory))
+        return [checkpoint.step in kept for checkpoint in checkpoints]
 
 
 @gin.configurable
@@ -71,7 +73,7 @@ class Checkpointer:
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = os.path.abspath(directory)
-        self._kept = _KeptSteps(set(self._read_kept_steps()))
+        self._kept = _KeptSteps(self.directory)
         retention = {} if read_only else {
             "preservation_policy": ocp.checkpoint_managers.AnyPreservationPolicy(
                 [ocp.checkpoint_managers.LatestN(max_to_keep), self._kept]
@@ -95,14 +97,12 @@ class Checkpointer:
     @property
     def kept_steps(self) -> list[int]:
         """The steps marked with `keep`."""
-        return sorted(self._kept.steps)
+        return read_kept_steps(self.directory)
 
     def keep(self, step: int) -> None:
         """Keeps `step` out of rotation: `max_to_keep` never deletes it (recorded in kept_steps.json)."""
-        self._kept.steps.add(step)
         if jax.process_index() == 0:
-            with open(os.path.join(self.directory, KEPT_STEPS_FILE), "w") as f:
-                json.dump(self.kept_steps, f)
+            keep_step(self.directory, step)
 
     def reload(self) -> None:
         """Rereads which steps are on disk (after a step folder was moved)."""
@@ -229,12 +229,25 @@ class Checkpointer:
                 "resume from the newest checkpoint saved"
             ) from error
 
-    def _read_kept_steps(self) -> list[int]:
-        path = os.path.join(self.directory, KEPT_STEPS_FILE)
-        if not os.path.isfile(path):
-            return []
-        with open(path) as f:
-            return [int(step) for step in json.load(f)]
+
+
+def read_kept_steps(directory: str) -> list[int]:
+    """The steps `directory`'s kept_steps.json keeps out of rotation (none without the file)."""
+    path = os.path.join(directory, KEPT_STEPS_FILE)
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return sorted(int(step) for step in json.load(f))
+
+
+def keep_step(directory: str, step: int) -> None:
+    """Adds `step` to `directory`'s kept_steps.json, through a temporary file and a rename (the file is read
+    while a run trains there)."""
+    kept = sorted({*read_kept_steps(directory), step})
+    partial = os.path.join(directory, f"{KEPT_STEPS_FILE}.{os.getpid()}.tmp")
+    with open(partial, "w") as f:
+        json.dump(kept, f)
+    os.replace(partial, os.path.join(directory, KEPT_STEPS_FILE))
 
 
 def _saved_tree(state: Any) -> dict[str, Any]:

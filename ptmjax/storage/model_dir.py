@@ -8,6 +8,8 @@ MODEL_DIR/
   generation.json        (imports only) the generation ids: decoder start, EOS, pad, BOS
   base.json              (runs that save only what they train) the base model folder and step
                          the other parameters come from, see ptmjax/training/saved_part.py
+  dependants.json        (bases of such runs) the runs that read parameters from it, and the steps
+                         they read, which checkpoints/kept_steps.json keeps out of rotation
   metrics.jsonl, tensorboard/, loss_curve.png    (runs only)
   run.lock               (while a run trains) its host and pid, see ptmjax/training/run_lock.py
 ```
@@ -37,6 +39,7 @@ CHECKPOINTS = "checkpoints"
 TOKENIZER = "tokenizer"
 LOCK_FILE = "run.lock"
 BASE_FILE = "base.json"
+DEPENDANTS_FILE = "dependants.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +88,26 @@ class ModelDir:
         with open(self.base_path, "w") as f:
             json.dump({"model_dir": base.path, "step": step}, f, indent=2)
             f.write("\n")
+
+    @property
+    def dependants_path(self) -> str:
+        return os.path.join(self.path, DEPENDANTS_FILE)
+
+    def dependants(self) -> list[tuple[ModelDir, int]]:
+        """The folders that read parameters from this one, and the step each reads."""
+        if not os.path.isfile(self.dependants_path):
+            return []
+        with open(self.dependants_path) as f:
+            return [(ModelDir(record["model_dir"]), int(record["step"])) for record in json.load(f)]
+
+    def add_dependant(self, dependant: ModelDir, step: int) -> None:
+        """Records that `dependant` reads this folder's step `step` (dependants.json, through a rename)."""
+        records = {(folder.path, s) for folder, s in self.dependants()} | {(dependant.path, step)}
+        partial = f"{self.dependants_path}.{os.getpid()}.tmp"
+        with open(partial, "w") as f:
+            json.dump([{"model_dir": path, "step": s} for path, s in sorted(records)], f, indent=2)
+            f.write("\n")
+        os.replace(partial, self.dependants_path)
 
     def saved_steps(self) -> list[int]:
         """The steps of the complete checkpoints, oldest first (none if there is no checkpoints/ folder)."""

@@ -38,7 +38,7 @@ from ptmjax.training.init_checkpoint import initial_params
 from ptmjax.training.params_folder import ParamsFolder
 from ptmjax.training.resume_check import check_resumable
 from ptmjax.training.run_spec import RunSpec
-from ptmjax.training.saved_part import SavedPart, saved_part
+from ptmjax.training.saved_part import SavedPart, protect_base, saved_part
 from ptmjax.training.split_check import check_run_splits
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainer import Trainer
@@ -85,6 +85,7 @@ class PreparedRun:
             state = trainer.with_params(state, initial_params(self.init_checkpoint, trainer, jax.random.key(self.seed)))
         if part.base is not None and primary:
             self.folder.write_base(*part.base)
+            protect_base(self.folder, *part.base)
             print(f"Checkpoints hold the {len(part.paths)} trained parameter arrays; the rest are read from "
                   f"{part.base[0].path} (step {part.base[1]}), recorded in {self.folder.base_path}")
         return state, {"batches_consumed": 0}

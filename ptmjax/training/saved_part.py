@@ -7,7 +7,10 @@ data position, and records the init checkpoint folder and step as its base in
 MODEL_DIR/base.json. Its checkpoints are the size of what it trains. Whatever
 reads the folder's parameters (`ModelDir.read_params`: `ptmjax infer` and
 `eval`, `convert --to-hf`, `ptmjax.load`, another run's init_checkpoint)
-takes the rest from the base, so the base folder must stay where it was.
+takes the rest from the base, so the base folder must stay where it was. The
+run records itself in the base's dependants.json and keeps the step it reads
+out of the base's checkpoint rotation (its checkpoints/kept_steps.json), so
+that training the base further never deletes it.
 
 A run saves everything when the base does not hold every frozen parameter in
 the model's layout: a base saved with the other `scan_layers` setting, or
@@ -17,7 +20,10 @@ frozen parameters that are new (not in the base).
 from __future__ import annotations
 
 import dataclasses
+import os
+import warnings
 
+from ptmjax.storage.checkpoints import keep_step
 from ptmjax.storage.model_dir import ModelDir
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainer import Trainer
@@ -64,3 +70,20 @@ def saved_part(folder: ModelDir, trainer: Trainer, init_checkpoint: str | None, 
         print(f"Saving every parameter: {init.path} does not hold all frozen ones in this model's layout")
         return SavedPart()
     return SavedPart(trainer.trained_paths, (init, step))
+
+
+def protect_base(run: ModelDir, base: ModelDir, step: int) -> None:
+    """Records `run` as a dependant of `base` and keeps `step` out of the base's checkpoint rotation; a base
+    that cannot be written (a shared, read-only folder) gets a warning saying what to keep."""
+    try:
+        keep_step(base.checkpoints_path, step)
+        base.add_dependant(run, step)
+    except OSError as error:
+        warnings.warn(
+            f"could not mark step {step} of {base.path} as kept for {run.path} ({error.strerror or error}): training "
+            f"{base.path} further may delete it, and {run.path} then no longer loads; keep a copy of "
+            f"{os.path.join(base.checkpoints_path, str(step))}", stacklevel=2,
+        )
+        return
+    print(f"Step {step} of {base.path} is kept out of its checkpoint rotation for this run "
+          f"({base.dependants_path})")
