@@ -131,6 +131,8 @@ def _add_infer_parser(commands: argparse._SubParsersAction) -> None:
         "--output", default=None, help="JSONL file (default: MODEL_DIR/inference/<task or input file stem>.jsonl)"
     )
     infer.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    infer.add_argument("--resume", action="store_true",
+                       help="continue an interrupted run from the predictions it kept in <output>.partial.jsonl")
     infer.add_argument("--seed", type=int, default=0, help="--method sample: the random seed")
     infer.add_argument("--batch_size", type=int, default=8, help="inputs per jitted call (default 8)")
     infer.add_argument("--max_examples", type=int, default=None, help="decode only the first N inputs")

@@ -23,7 +23,7 @@ from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.model_api import model_api
 from ptmjax.layers import layer_stack
 from ptmjax.storage.model_dir import ModelDir
-from ptmjax.storage.whole_folder import written_whole
+from ptmjax.storage.written_whole import written_whole
 
 MODULE_FIELDS_NOT_BOUND = ("config", "parent", "name")
 
@@ -47,7 +47,7 @@ def import_hf(hf_dir: str, model_dir: str, overwrite: bool = False) -> str:
 
     `model_dir` must be missing, empty, or an import of the same directory as the same model (it is then
     written again); anything else (a training run, another model) is refused unless `overwrite`, which
-    replaces it. The folder is written whole (ptmjax/storage/whole_folder.py): a failed import leaves what
+    replaces it. The folder is written whole (ptmjax/storage/written_whole.py): a failed import leaves what
     was there. Returns the checkpoint path.
     """
     model, params = hf.load(hf_dir)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
+
+from ptmjax.storage.written_whole import file_written_whole
 
 TENSORBOARD_RUN = os.path.join("tensorboard", "eval")
 
@@ -30,17 +31,9 @@ def write_json(path: str, payload: Mapping[str, Any], overwrite: bool = False) -
     """
     if os.path.exists(path) and not overwrite:
         raise ValueError(f"{path} exists; pass --overwrite to replace it, or --output to write elsewhere")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".eval-", suffix=".json")
-    try:
-        with os.fdopen(handle, "w") as f:
-            json.dump(payload, f, indent=2)
-            f.write("\n")
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+    with file_written_whole(path) as f:
+        json.dump(payload, f, indent=2)
+        f.write("\n")
     return path
 
 

@@ -2,25 +2,30 @@
 
 Each line of the output: {"inputs", "targets" (a task's, else absent), "prediction", "score"}; with
 num_decodes > 1, prediction and score are lists, best first. The output is written to a temporary
-file beside it and renamed at the end, so a failed run leaves any earlier output as it was.
+file beside it and renamed at the end, so a failed run leaves any earlier output as it was. Interrupted
+(Ctrl-C, SIGTERM), the predictions made are kept as out.partial.jsonl, which `--resume` continues.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ptmjax.inference import LoadedModel, load
+from ptmjax.storage.written_whole import file_written_whole
 from ptmjax.tools.decode_flags import decode_config
+
+PARTIAL = ".partial"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +43,29 @@ def output_path(args: argparse.Namespace) -> str:
     path = args.output or os.path.join(args.model_dir, "inference", f"{stem}.jsonl")
     if os.path.exists(path) and not args.overwrite:
         raise ValueError(f"{path} exists; pass --overwrite to replace it, or another --output")
+    if os.path.exists(partial_path(path)) and not (args.resume or args.overwrite):
+        raise ValueError(f"{partial_path(path)} holds the predictions of an interrupted run; pass --resume to "
+                         "continue it, or --overwrite to start over")
     return path
+
+
+def partial_path(path: str) -> str:
+    """Where an interrupted run keeps the predictions it made: out.jsonl -> out.partial.jsonl."""
+    root, extension = os.path.splitext(path)
+    return f"{root}{PARTIAL}{extension}"
+
+
+def resumed_records(path: str, examples: Sequence[Example]) -> list[dict[str, Any]]:
+    """The records an interrupted run kept for `path`, checked to be those of the first `examples`."""
+    partial = partial_path(path)
+    if not os.path.isfile(partial):
+        raise FileNotFoundError(f"--resume: there is no {partial} to continue; run without --resume")
+    with open(partial) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    if len(records) > len(examples) or any(r["inputs"] != e.inputs for r, e in zip(records, examples, strict=False)):
+        raise ValueError(f"--resume: {partial} holds predictions of other inputs than these; pass the inputs it "
+                         "was made from, or delete it and run without --resume")
+    return records
 
 
 def read_lines(input_file: str) -> list[Example]:
@@ -105,6 +132,20 @@ def record(example: Example, prediction: Any, several: bool) -> dict[str, Any]:
     return fields
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the block, as Ctrl-C does, so that it cleans up the same way."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace) -> int:
     """`ptmjax infer` (see ptmjax/cli.py's _add_infer_parser for the flags)."""
     from tqdm import tqdm
@@ -119,29 +160,37 @@ def run(args: argparse.Namespace) -> int:
         examples = task_examples(model, args.task, args.split, args.max_examples, args.task_feature_lengths)
     examples = examples[: args.max_examples]
     inputs: Sequence[Any] = [e.ids for e in examples] if examples[0].ids else [e.inputs for e in examples]
-    batches = model.iter_predict(inputs, config, seed=args.seed, truncate=args.truncate_inputs)  # inputs checked
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    start, tokens, scores, done = time.perf_counter(), 0, [], 0
+    kept = resumed_records(path, examples) if args.resume else []
+    remaining = inputs[len(kept):]
+    batches = model.iter_predict(remaining, config, seed=args.seed, truncate=args.truncate_inputs) if remaining \
+        else iter(())
     several = config.num_decodes > 1
-    handle, temporary = tempfile.mkstemp(prefix=".infer-", suffix=".jsonl", dir=os.path.dirname(os.path.abspath(path)))
+    start, tokens, done = time.perf_counter(), 0, len(kept)
+    scores = [r["score"][0] if several else r["score"] for r in kept]
     try:
-        with os.fdopen(handle, "w") as f, tqdm(total=len(examples), unit="ex", dynamic_ncols=True) as bar:
+        with sigterm_as_interrupt(), file_written_whole(path, partial_path(path)) as f, \
+                tqdm(total=len(examples), initial=done, unit="ex", dynamic_ncols=True) as bar:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
             for batch in batches:
                 for prediction in batch:
                     f.write(json.dumps(record(examples[done], prediction, several), ensure_ascii=False) + "\n")
                     tokens += sum(len(t) for t in prediction.tokens)
                     scores.append(prediction.scores[0])
                     done += 1
+                f.flush()
                 elapsed = time.perf_counter() - start
                 bar.update(len(batch))
-                bar.set_postfix(ex_s=f"{done / elapsed:.1f}", tok_s=f"{tokens / elapsed:.0f}")
-        os.replace(temporary, path)
-    except BaseException:
-        os.remove(temporary)
-        raise
+                bar.set_postfix(ex_s=f"{(done - len(kept)) / elapsed:.1f}", tok_s=f"{tokens / elapsed:.0f}")
+    except KeyboardInterrupt:
+        print(f"ptmjax infer: interrupted after {done} of {len(examples)} examples; kept their predictions in "
+              f"{partial_path(path)}; rerun the same command with --resume to decode the other "
+              f"{len(examples) - done}", file=sys.stderr)
+        return 130
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(partial_path(path))
     elapsed = time.perf_counter() - start
-    print(f"Decoded {done} examples ({config.method}, max_decode_length={config.max_decode_length}) in "
-          f"{elapsed:.1f} s: {done / elapsed:.1f} examples/s, {tokens / elapsed:.0f} tokens/s")
-    print(f"  mean score: {sum(scores) / len(scores):.4f}")
+    print(f"Decoded {done - len(kept)} examples ({config.method}, max_decode_length={config.max_decode_length}) in "
+          f"{elapsed:.1f} s: {(done - len(kept)) / elapsed:.1f} examples/s, {tokens / elapsed:.0f} tokens/s")
+    print(f"  mean score: {sum(scores) / len(scores):.4f}" + (f" (with the {len(kept)} resumed)" if kept else ""))
     print(f"  predictions: {os.path.abspath(path)}")
     return 0
