@@ -22,16 +22,19 @@ vocabulary (`folder_vocabulary`: a run's is its task's) and generation ids.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 
 from ptmjax.decoding.generation_ids import GENERATION_FILE
 from ptmjax.storage.checkpoints import Checkpointer, saved_state_metadata
+from ptmjax.storage.damaged_checkpoints import damage
 from ptmjax.tree_paths import overlay, shape_differences, shapes_by_path, subtree
 
 CONFIG_FILE = "config.gin"
@@ -40,6 +43,10 @@ TOKENIZER = "tokenizer"
 LOCK_FILE = "run.lock"
 BASE_FILE = "base.json"
 DEPENDANTS_FILE = "dependants.json"
+
+
+class DamagedCheckpointError(ValueError):
+    """A checkpoint's files do not read back (a ValueError, so a command prints one line)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,12 +164,32 @@ class ModelDir:
         must hold exactly the parameters of `abstract_params` (see `check_params`); False reads a part of them.
         """
         step = self.checkpoint_step(step)
-        if whole:
-            self.check_params(abstract_params, step)
-        base = self.base()
-        if base is not None:
-            return self._read_over_base(base, abstract_params, shardings, step)
-        return self._restore_params(abstract_params, shardings, step)
+        with self._naming_damage(step):
+            if whole:
+                self.check_params(abstract_params, step)
+            base = self.base()
+            if base is not None:
+                return self._read_over_base(base, abstract_params, shardings, step)
+            return self._restore_params(abstract_params, shardings, step)
+
+    @contextlib.contextmanager
+    def _naming_damage(self, step: int) -> Iterator[None]:
+        """Turns a failed read of checkpoint `step` whose files are damaged into one DamagedCheckpointError
+        naming the step, what is wrong, and the previous step to read instead."""
+        try:
+            yield
+        except DamagedCheckpointError:
+            raise
+        except Exception:
+            problem = damage(self.checkpoints_path, step)
+            if problem is None:
+                raise
+            older = [s for s in self.saved_steps() if s < step]
+            offer = (f"read step {older[-1]} instead with --step {older[-1]} (in Python: step={older[-1]})" if older
+                     else "it is the folder's only checkpoint")
+            raise DamagedCheckpointError(
+                f"checkpoint step {step} in {self.checkpoints_path} is damaged ({problem}); {offer}"
+            ) from None
 
     def check_params(self, abstract_params: Any, step: int | None = None) -> None:
         """Raises a ValueError naming the differing paths and shapes unless checkpoint `step` (with its base's

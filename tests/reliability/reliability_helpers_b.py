@@ -4,6 +4,7 @@ import json
 import os
 from collections import Counter
 
+from ptmjax.convert.checkpoint import model_gin
 from ptmjax.models import EncoderDecoder, T5Config
 from ptmjax.tasks import pretraining  # noqa: F401 - registers the built-in tasks
 from ptmjax.training.run import train
@@ -21,6 +22,13 @@ def run(model_dir, num_steps, config=CONFIG, **options):
         str(model_dir), model=EncoderDecoder(config), task_feature_lengths={"inputs": 32, "targets": 8},
         batch_size=8, num_steps=num_steps, **{**settings, **options},
     )
+
+
+def bind_model(model_dir, config=CONFIG) -> None:
+    """Adds the gin bindings of EncoderDecoder(config) to a run's config.gin (a run given its model in Python
+    saves none), so that the readers of the folder build that model."""
+    with open(os.path.join(model_dir, "config.gin"), "a") as f:
+        f.write(model_gin(EncoderDecoder(config)))
 
 
 def records(model_dir):

@@ -6,12 +6,10 @@ import dataclasses
 import re
 
 import pytest
-from reliability_helpers_b import CONFIG, run
+from reliability_helpers_b import CONFIG, bind_model, run
 
 import ptmjax
 from ptmjax import cli
-from ptmjax.convert.checkpoint import model_gin
-from ptmjax.models import EncoderDecoder
 
 TWO_LAYERS = dataclasses.replace(CONFIG, num_encoder_layers=2)
 
@@ -21,8 +19,7 @@ def edited_run(tmp_path_factory):
     """A run that saved a 2-layer encoder at step 2, whose config.gin was then edited to build 1 layer."""
     model_dir = tmp_path_factory.mktemp("edited_run")
     run(model_dir, num_steps=2, config=TWO_LAYERS)
-    with open(model_dir / "config.gin", "a") as f:
-        f.write(model_gin(EncoderDecoder(CONFIG)))
+    bind_model(model_dir, CONFIG)
     return model_dir
 
 
