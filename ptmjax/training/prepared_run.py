@@ -153,7 +153,7 @@ def prepare_run(
     check_resumable(folder, part.of(trainer.abstract_state))  # before config.gin is rewritten
     check_writable(folder.path)
     check_writable(folder.checkpoints_path, needed_bytes=_bytes(part.of(trainer.abstract_state)))
-    check_run_splits(task)
+    check_run_splits(task, spec.task_feature_lengths)
     return PreparedRun(folder, spec, task, mesh, trainer, part, seed, init_checkpoint, resume_step)
 
 

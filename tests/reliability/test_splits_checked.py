@@ -97,6 +97,20 @@ def test_a_failed_evaluation_keeps_the_checkpoint_of_its_step(tmp_path, monkeypa
     assert os.path.isfile(tmp_path / "config.gin")
 
 
+def test_a_validation_file_that_tokenises_to_nothing_fails_before_any_step(tmp_path):
+    """Not blank (zero-width spaces are not whitespace), so the raw check passes; SentencePiece drops them all."""
+    task = text_task(tmp_path, "reliability_b_zero_width", "\u200b\u200b\n\ufeff\n")
+    model_dir = tmp_path / "run"
+    with pytest.raises(ValueError) as error:
+        run(model_dir, num_steps=20, mixture_or_task_name=task, eval_every=20)
+    assert str(error.value).splitlines()[0] == (
+        "the 'validation' split of 'reliability_b_zero_width' yields no examples once tokenised and preprocessed "
+        "(its text is all characters the vocabulary drops, such as zero-width spaces, or too short for the "
+        "objective), and the run evaluates on every train.eval_every steps and at the end; add text to it"
+    )
+    assert not model_dir.exists()
+
+
 def test_zero_eval_batches_is_named_before_anything_is_built(tmp_path):
     """Not 'the validation split is empty', which is what an evaluation of 0 batches used to report."""
     with pytest.raises(ValueError, match=r"^train.eval_batches=0: must be a positive integer \(eval_batches may be "):
@@ -116,5 +130,5 @@ def test_the_validation_check_reads_the_whole_split_not_this_hosts_shard(tmp_pat
         return pipeline.get_dataset(task.name, "validation", lengths, 4, seed=0, shuffle=False, num_epochs=1,
                                     shard_index=1, num_shards=2, pad_final_batch=True)
 
-    check_run_splits(task.name)  # passes: the split has an example
+    check_run_splits(task.name, lengths)  # passes: the split has an example
     assert list(second_hosts_shard().as_numpy_iterator()) == []  # though not in that host's shard
