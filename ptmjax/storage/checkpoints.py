@@ -14,12 +14,15 @@ checkpoints it always did. Restoring takes
 the target shardings, so a checkpoint saved on one mesh restores onto any
 other (Orbax reshards on read).
 
-A restore that fails (a damaged file, a model of other shapes) abandons
-the reads still in flight: TensorStore's threads later report "Event loop
-is closed" to Orbax's finished event loop, and Orbax's read coroutines
-raise when they are collected, dozens of tracebacks after the real error.
-From the first failed restore on, those reports (and only they) are dropped
-from `sys.unraisablehook`.
+A restore or save that fails (a damaged file, a model of other shapes, a
+full disk) abandons the reads or writes still in flight: TensorStore's threads
+later report "Event loop is closed" to Orbax's finished event loop, and
+Orbax's coroutines raise when they are collected (at exit too), dozens of
+tracebacks after the real error; a failing write reports them before Orbax
+raises. From the first save or failed restore on, those reports (and only
+they) are dropped from `sys.unraisablehook`. The errors Orbax's
+background threads log are kept to their one-line message, without their
+tracebacks: the failed save is reported once, as a CheckpointSaveError.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -112,6 +116,7 @@ class Checkpointer:
         """Starts saving (once the previous save is done); returns while the write finishes in the background."""
         self.wait()
         self._saving_step = step
+        _drop_abandoned_reports()  # a write that fails reports them at once, before Orbax raises
         with self._surfacing_save_errors():
             self._manager.save(
                 step,
@@ -266,13 +271,19 @@ def _quiet_after_failure() -> Iterator[None]:
     try:
         yield
     except Exception:
-        if not isinstance(sys.unraisablehook, _DroppingAbandonedReads):
-            sys.unraisablehook = _DroppingAbandonedReads(sys.unraisablehook)
+        _drop_abandoned_reports()
         raise
 
 
-class _DroppingAbandonedReads:
-    """An unraisable hook that drops reports of abandoned restore reads and passes the rest to `previous`."""
+def _drop_abandoned_reports() -> None:
+    """From now on, the unraisable reports of Orbax's abandoned reads and writes are dropped."""
+    if not isinstance(sys.unraisablehook, _DroppingAbandonedOperations):
+        sys.unraisablehook = _DroppingAbandonedOperations(sys.unraisablehook)
+
+
+class _DroppingAbandonedOperations:
+    """An unraisable hook that drops reports of abandoned Orbax reads and writes (a closed event loop, an Orbax
+    coroutine collected unfinished) and passes the rest to `previous`."""
 
     def __init__(self, previous: Callable[[Any], object]):
         self.previous = previous
@@ -280,9 +291,22 @@ class _DroppingAbandonedReads:
     def __call__(self, unraisable: Any) -> None:
         error, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
         closed_loop = isinstance(error, RuntimeError) and str(error) in CLOSED_LOOP_REPORTS
-        collected_read = code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
-        if not (closed_loop or collected_read and isinstance(error.__cause__, GeneratorExit)):
+        collected_orbax_coroutine = code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+        if not (closed_loop or collected_orbax_coroutine):
             self.previous(unraisable)
+
+
+class _WithoutTraceback(logging.Filter):
+    """Keeps the errors Orbax logs to their message: their tracebacks are those of one failure, reported
+    once by the Checkpointer."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if f"{os.sep}orbax{os.sep}" in record.pathname:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("absl").addFilter(_WithoutTraceback())
 
 
 def saved_state_metadata(state_dir: str) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """A read-only or full model folder stops a run before its first step, with one line, and loses nothing."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 from reliability_helpers_a import records, run, saved_steps
@@ -48,3 +50,31 @@ def test_a_full_disk_at_the_lock_is_one_line_and_leaves_no_temporary_file(tmp_pa
         "writable and free space there, or choose another --model_dir"
     )
     assert os.listdir(model_dir) == ["filler"]
+
+
+FILL_THE_DISK = """
+import sys
+sys.path.insert(0, {helpers!r})
+from reliability_helpers_b import run
+from ptmjax.cli import one_line
+from ptmjax.storage.checkpoints import CheckpointSaveError
+try:
+    run({model_dir!r}, num_steps=40, show_progress=False)
+except CheckpointSaveError as error:
+    print("error:", one_line(error), file=sys.stderr)
+"""
+
+
+def test_a_disk_that_fills_up_at_a_save_ends_with_that_error_not_buried_in_tracebacks(tmp_path, mount):
+    """Room for the first checkpoint, not the second. (Was: 1,216 lines, 220 of them 'Event loop is closed'.)"""
+    model_dir = tmp_path / "filling"
+    model_dir.mkdir()
+    mount(model_dir, "size=2200k")
+    code = FILL_THE_DISK.format(helpers=os.path.dirname(__file__), model_dir=str(model_dir / "run"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    errors = done.stderr.strip().splitlines()
+    assert errors[-1].startswith(f"error: saving the checkpoint of step 4 to {model_dir}/run/checkpoints failed (")
+    assert "No space left on device" in errors[-1]
+    assert "Traceback" not in done.stderr and "Event loop is closed" not in done.stderr
+    assert len(errors) < 20, done.stderr[-3000:]  # Orbax's own one-line error logs, and the error
+    assert saved_steps(model_dir / "run") == [2]
