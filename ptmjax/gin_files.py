@@ -24,7 +24,7 @@ from ptmjax.data import pipeline, tokenizer_dir
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.registry import family_of
 from ptmjax.gin_suggestions import did_you_mean, explain_gin_error, model_alias
-from ptmjax.gin_value_types import check_entry_point_values
+from ptmjax.gin_value_types import check_bound_values
 from ptmjax.storage.model_dir import CONFIG_FILE, TOKENIZER, ModelDir
 
 GIN_CONFIGS = Path(__file__).resolve().parent.parent / "gin_configs"
@@ -53,7 +53,7 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str] = ()) -> list[st
     Registers every configurable first, so gin files need no imports; returns
     the resolved file paths. Raises GinConfigError (one line, with a 'did you
     mean' for misspelt names) for what gin cannot parse, and a ValueError for a
-    value of the wrong type bound to an entry point (see `gin_value_types`).
+    value of the wrong type bound to any configurable (see `gin_value_types`).
     Usable from notebooks as well as the CLI.
     """
     from ptmjax import configurables  # noqa: F401  (registers configurables and tasks)
@@ -65,7 +65,7 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str] = ()) -> list[st
             gin.parse_config_files_and_bindings(paths, bindings)
     except (ValueError, SyntaxError, tokenize.TokenError) as error:
         raise GinConfigError(explain_gin_error(error)) from error
-    check_entry_point_values()
+    check_bound_values()
     return paths
 
 

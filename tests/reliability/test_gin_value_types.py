@@ -1,4 +1,5 @@
-"""Gin values of the entry points are type-checked from their annotations before any work."""
+"""Every gin value bound is type-checked from its parameter's annotation before any work (was: only train.*;
+`rsqrt_with_warmup.peak_learning_rate = 'x'` gave a 50-line JAX traceback after config.gin was rewritten)."""
 
 from collections.abc import Mapping, Sequence
 
@@ -14,6 +15,18 @@ from ptmjax.gin_value_types import fits
 def cleared_gin():
     yield
     gin.clear_config()
+
+
+def test_a_bad_schedule_value_writes_nothing_over_an_existing_run(tmp_path, capsys):
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    (model_dir / "config.gin").write_text("# the run's config\n")
+    status = main(["train", "--gin_bindings=rsqrt_with_warmup.peak_learning_rate = 'x'", f"--model_dir={model_dir}"])
+    assert status == 1
+    assert capsys.readouterr().err.strip() == ("ptmjax train: error: gin binding rsqrt_with_warmup.peak_learning_rate "
+                                               "= 'x' has type str; it must be float")
+    assert sorted(p.name for p in model_dir.iterdir()) == ["config.gin"]
+    assert (model_dir / "config.gin").read_text() == "# the run's config\n"
 
 
 def test_a_string_step_count_is_one_line_naming_binding_value_and_type(tmp_path, capsys):
@@ -33,9 +46,14 @@ def test_a_string_step_count_is_one_line_naming_binding_value_and_type(tmp_path,
         ("train.task_feature_lengths = {'inputs': 'long'}", "it must be Mapping[str, int]"),
         ("train.pack = 1", "train.pack = 1 has type int; it must be bool"),
         ("DecodeConfig.top_p = 'high'", "DecodeConfig.top_p = 'high' has type str; it must be float"),
+        ("rsqrt_with_warmup.peak_learning_rate = 'x'",
+         "rsqrt_with_warmup.peak_learning_rate = 'x' has type str; it must be float"),
+        ("T5Config.d_model = '32'", "T5Config.d_model = '32' has type str; it must be int"),
+        ("NonFinitePolicy.max_consecutive_skips = 2.5", "has type float; it must be int"),
+        ("eval/DecodeConfig.num_beams = 'four'", "eval/DecodeConfig.num_beams = 'four' has type str; it must be int"),
     ],
 )
-def test_bad_values_of_train_and_decode_config_are_refused(binding, message):
+def test_bad_values_of_any_configurable_are_refused(binding, message):
     with pytest.raises(ValueError, match="^gin binding ") as error:
         parse_gin(["runs/demo.gin"], [binding])
     assert message in str(error.value)
