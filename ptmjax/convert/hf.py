@@ -95,11 +95,28 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         if file.endswith(".safetensors"):
             state.update(_read_safetensors(file))
         else:
-            import torch
-
-            tensors = torch.load(file, map_location="cpu", weights_only=True)
-            state.update({key: _widen(to_numpy(value)) for key, value in tensors.items()})
+            state.update(_read_torch_file(file))
     return state
+
+
+def _read_torch_file(file: str) -> dict[str, np.ndarray]:
+    """A pytorch_model.bin's tensors, unpickled with torch's `weights_only=True`: a file that holds other
+    objects (code, which unpickling would run) is refused in one line."""
+    import pickle
+
+    import torch
+
+    try:
+        tensors = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        detail = next((line.strip().rstrip(".") for line in str(error).splitlines() if "GLOBAL" in line or
+                       "Unsupported global" in line), "")
+        raise ValueError(
+            f"{file} holds pickled objects other than tensors{f' ({detail})' if detail else ''}; ptmjax never "
+            "unpickles them, as they can run code: get the model as model.safetensors from its source, or save it "
+            "again with save_pretrained(safe_serialization=True) where you trust it"
+        ) from None
+    return {key: _widen(to_numpy(value)) for key, value in tensors.items()}
 
 
 def _read_safetensors(file: str) -> dict[str, np.ndarray]:

@@ -177,7 +177,8 @@ def train(
     task = getattr(mixture_or_task_name, "name", mixture_or_task_name)
     inference_eval_every = eval_every if inference_eval_every is None else inference_eval_every
     _check_arguments(batch_size=batch_size, num_steps=num_steps, log_every=log_every, eval_every=eval_every,
-                     checkpoint_every=checkpoint_every, inference_eval_every=inference_eval_every,
+                     checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+                     inference_eval_every=inference_eval_every,
                      eval_batches=eval_batches, prefetch_batches=prefetch_batches,
                      best_checkpoint_metric=best_checkpoint_metric, inference_eval_tasks=inference_eval_tasks)
     spec = RunSpec(

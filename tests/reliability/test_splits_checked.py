@@ -118,6 +118,13 @@ def test_zero_eval_batches_is_named_before_anything_is_built(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_zero_checkpoints_to_keep_is_named_as_the_train_binding(tmp_path):
+    """Not Orbax's 'max_to_keep must be >= 1'."""
+    with pytest.raises(ValueError, match=r"^train.keep_checkpoints=0: must be a positive integer"):
+        run(tmp_path / "run", num_steps=2, keep_checkpoints=0)
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_validation_check_reads_the_whole_split_not_this_hosts_shard(tmp_path):
     """A host whose validation shard is empty still runs: evaluation pads it (multihost.batches_in_lockstep)."""
     from ptmjax.data import pipeline

@@ -53,3 +53,31 @@ def test_an_index_with_shards_inside_the_folder_loads(tmp_path, outside_weights,
     model, params = hf.load(folder)
     assert model.config == tiny_gpt2
     jax.tree.map(np.testing.assert_array_equal, params, hf.load(str(outside_weights))[1])
+
+
+class RunsCode:
+    """Unpickling this would call os.system."""
+
+    def __reduce__(self):
+        return (os.system, ("echo unpickled",))
+
+
+def test_a_pickle_that_would_run_code_is_refused_in_one_line_and_never_run(tmp_path, outside_weights, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    shutil.copy(outside_weights / "config.json", folder / "config.json")
+    state = {**load_file(outside_weights / "model.safetensors"), "payload": RunsCode()}
+    torch.save(state, folder / "pytorch_model.bin")
+    assert cli.main(["convert", "--from-hf", str(folder), "--to", str(tmp_path / "out")]) == 1
+    captured = capsys.readouterr()
+    assert "unpickled" not in captured.out
+    assert captured.err.strip().splitlines() == [
+        f"ptmjax convert: error: {folder}/pytorch_model.bin holds pickled objects other than tensors (Trying to load "
+        "unsupported GLOBAL posix.system whose module posix is blocked); ptmjax never unpickles them, as they can "
+        "run code: get the model as model.safetensors from its source, or save it again with "
+        "save_pretrained(safe_serialization=True) where you trust it"
+    ]
+    assert not (tmp_path / "out").exists()
