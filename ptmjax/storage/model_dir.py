@@ -175,12 +175,19 @@ class ModelDir:
     @contextlib.contextmanager
     def _naming_damage(self, step: int) -> Iterator[None]:
         """Turns a failed read of checkpoint `step` whose files are damaged into one DamagedCheckpointError
-        naming the step, what is wrong, and the previous step to read instead."""
+        naming the step, what is wrong, and the previous step to read instead; of a step deleted meanwhile
+        (a run training in the folder), into a FileNotFoundError saying so."""
         try:
             yield
         except DamagedCheckpointError:
             raise
-        except Exception:
+        except Exception as error:
+            if not os.path.isdir(os.path.join(self.checkpoints_path, str(step))):
+                raise FileNotFoundError(
+                    f"checkpoint step {step} in {self.checkpoints_path} was deleted while it was read: a run "
+                    "training in this folder rotated it out (train.keep_checkpoints); read again for the newest "
+                    "step, or once the run has stopped"
+                ) from error
             problem = damage(self.checkpoints_path, step)
             if problem is None:
                 raise

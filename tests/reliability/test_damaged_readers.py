@@ -52,3 +52,27 @@ def test_ptmjax_load_names_it_and_reads_the_previous_step(damaged_run):
         ptmjax.load(str(damaged_run))
     assert str(raised.value).startswith(message_start(damaged_run))
     assert ptmjax.load(str(damaged_run), step=2).source == f"{damaged_run} (step 2)"
+
+
+def test_a_step_deleted_while_it_is_read_is_named_as_such(tmp_path, monkeypatch):
+    """What a reader of a folder being trained sees when the run's retention deletes the step it reads."""
+    import shutil
+
+    from ptmjax.storage.checkpoints import Checkpointer
+
+    model_dir = tmp_path / "training"
+    run(model_dir, num_steps=2)
+    bind_model(model_dir)
+    restore_params = Checkpointer.restore_params
+
+    def rotated_out_meanwhile(self, *args, **kwargs):
+        shutil.rmtree(model_dir / "checkpoints" / "2")
+        return restore_params(self, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "restore_params", rotated_out_meanwhile)
+    with pytest.raises(FileNotFoundError, match=(
+        rf"^checkpoint step 2 in {model_dir}/checkpoints was deleted while it was read: a run training in this "
+        r"folder rotated it out \(train.keep_checkpoints\); read again for the newest step, or once the run has "
+        "stopped"
+    )):
+        ptmjax.load(str(model_dir))
