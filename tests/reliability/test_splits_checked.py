@@ -118,6 +118,21 @@ def test_zero_eval_batches_is_named_before_anything_is_built(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_text_the_vocabulary_lacks_is_a_warning_naming_the_share_of_unknown_ids(tmp_path):
+    """A whitespace-free CJK line under the English SentencePiece model: all unknown ids, which trains on nothing."""
+    from ptmjax.training.split_check import check_run_splits
+
+    (tmp_path / "cjk.txt").write_text("\n".join(["日本語のテキストです。これは長い行です。" * 50] * 20))
+    (tmp_path / "valid.txt").write_text(LINES)
+    task = pretraining.register_text_files_task("reliability_b_cjk", str(tmp_path / "cjk.txt"),
+                                                str(tmp_path / "valid.txt"))
+    with pytest.warns(UserWarning, match=r"^\d+% of the ids of the first \d+ 'train' examples of "
+                                         r"'reliability_b_cjk' are its vocabulary's unknown id: the text is mostly "
+                                         r"characters the vocabulary lacks") as warned:
+        check_run_splits(task.name, {"inputs": 32, "targets": 8})
+    assert len(warned) == 1  # the English validation text: no warning
+
+
 def test_zero_checkpoints_to_keep_is_named_as_the_train_binding(tmp_path):
     """Not Orbax's 'max_to_keep must be >= 1'."""
     with pytest.raises(ValueError, match=r"^train.keep_checkpoints=0: must be a positive integer"):
