@@ -3,8 +3,8 @@
 `train.num_steps = 'abc'` or `rsqrt_with_warmup.peak_learning_rate = 'x'`
 would otherwise fail deep inside the run (a 50-line JAX traceback, after
 the run started writing). `check_bound_values` reads the annotations of every
-configurable with bindings (functions, classes, dataclasses; scoped bindings
-too) and raises one line naming the binding, its value and the type it needs.
+ptmjax configurable with bindings (functions, classes, dataclasses; scoped
+bindings too) and raises one line naming the binding, its value and the type it needs.
 References (`@adafactor`, `%MACRO`) and types without a runtime check
 (protocols, type aliases) are left to the callee.
 """
@@ -24,7 +24,10 @@ import gin
 def check_bound_values() -> None:
     """Raises ValueError for the first literal binding that does not fit its parameter's annotation."""
     for (scope, selector), bindings in sorted(gin.config._CONFIG.items()):  # gin has no public iterator
-        hints, parameters = _annotations(gin.get_configurable(selector))
+        configurable = gin.get_configurable(selector)
+        if not getattr(configurable, "__module__", "").startswith("ptmjax"):
+            continue  # another library's annotations (optax's ScalarOrSchedule) are left to it
+        hints, parameters = _annotations(configurable)
         for parameter, value in bindings.items():
             hint = hints.get(parameter)
             if parameter not in parameters or hint is None or _is_reference(value) or fits(value, hint):

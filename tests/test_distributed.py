@@ -63,7 +63,7 @@ def test_train_distributed_initializes_from_gin_before_training(calls, monkeypat
     monkeypatch.setattr(multihost, "initialize_distributed", lambda: order.append("initialize") or
                         initialize_distributed())
 
-    def fake_train(model_dir):
+    def fake_train(model_dir, resume_step=None):
         order.append("train")
         return run.TrainResult(model_dir, 0, None, {}, False, {})
 

@@ -93,7 +93,7 @@ def gradual_unfreezing(tx: optax.GradientTransformation, every_steps: int) -> op
 
 @gin.configurable
 def by_layer_depth(
-    learning_rate: optax.Schedule = gin.REQUIRED,
+    learning_rate: optax.ScalarOrSchedule = gin.REQUIRED,
     optimizer: Callable[[optax.Schedule], optax.GradientTransformation] = adamw,
     lr_decay: float | None = None, unfreeze_every_steps: int | None = None,
 ) -> optax.GradientTransformation:

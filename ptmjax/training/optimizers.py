@@ -10,7 +10,7 @@ from ptmjax.layers.layer_stack import LayerStacks, scan, unscan
 
 @gin.configurable
 def adafactor(
-    learning_rate: optax.Schedule = gin.REQUIRED, decay_rate: float = 0.8,
+    learning_rate: optax.ScalarOrSchedule = gin.REQUIRED, decay_rate: float = 0.8,
     clipping_threshold: float | None = 1.0, momentum: float | None = None,
     multiply_by_parameter_scale: bool = True, factored: bool = True,
     weight_decay_rate: float | None = None,
@@ -26,7 +26,7 @@ def adafactor(
 
 @gin.configurable
 def adamw(
-    learning_rate: optax.Schedule = gin.REQUIRED, b1: float = 0.9, b2: float = 0.999,
+    learning_rate: optax.ScalarOrSchedule = gin.REQUIRED, b1: float = 0.9, b2: float = 0.999,
     eps: float = 1e-8, weight_decay: float = 0.01, max_grad_norm: float | None = 1.0,
 ) -> optax.GradientTransformation:
     """AdamW with optional global-norm gradient clipping."""
