@@ -34,8 +34,7 @@ def check_bound_values() -> None:
                 continue
             raise ValueError(
                 f"gin binding {scope + '/' if scope else ''}{selector.rpartition('.')[2]}.{parameter} = {value!r} "
-                f"has type "
-                f"{type(value).__name__}; it must be {type_name(hint)}"
+                f"has type {type(value).__name__}; it must be {type_name(hint)}"
             )
 
 

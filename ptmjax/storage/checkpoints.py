@@ -41,6 +41,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ptmjax.storage.written_whole import file_written_whole
+
 KEPT_STEPS_FILE = "kept_steps.json"
 
 State = TypeVar("State")  # a flax struct dataclass: the train state
@@ -235,7 +237,6 @@ class Checkpointer:
             ) from error
 
 
-
 def read_kept_steps(directory: str) -> list[int]:
     """The steps `directory`'s kept_steps.json keeps out of rotation (none without the file)."""
     path = os.path.join(directory, KEPT_STEPS_FILE)
@@ -246,13 +247,10 @@ def read_kept_steps(directory: str) -> list[int]:
 
 
 def keep_step(directory: str, step: int) -> None:
-    """Adds `step` to `directory`'s kept_steps.json, through a temporary file and a rename (the file is read
-    while a run trains there)."""
+    """Adds `step` to `directory`'s kept_steps.json, written whole (the file is read while a run trains there)."""
     kept = sorted({*read_kept_steps(directory), step})
-    partial = os.path.join(directory, f"{KEPT_STEPS_FILE}.{os.getpid()}.tmp")
-    with open(partial, "w") as f:
+    with file_written_whole(os.path.join(directory, KEPT_STEPS_FILE)) as f:
         json.dump(kept, f)
-    os.replace(partial, os.path.join(directory, KEPT_STEPS_FILE))
 
 
 def _saved_tree(state: Any) -> dict[str, Any]:

@@ -35,6 +35,7 @@ import jax
 from ptmjax.decoding.generation_ids import GENERATION_FILE
 from ptmjax.storage.checkpoints import Checkpointer, saved_state_metadata
 from ptmjax.storage.damaged_checkpoints import damage
+from ptmjax.storage.written_whole import file_written_whole
 from ptmjax.tree_paths import overlay, shape_differences, shapes_by_path, subtree
 
 CONFIG_FILE = "config.gin"
@@ -47,6 +48,10 @@ DEPENDANTS_FILE = "dependants.json"
 
 class DamagedCheckpointError(ValueError):
     """A checkpoint's files do not read back (a ValueError, so a command prints one line)."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint holds other parameters than the model that reads it (a ValueError: one line)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,13 +113,11 @@ class ModelDir:
             return [(ModelDir(record["model_dir"]), int(record["step"])) for record in json.load(f)]
 
     def add_dependant(self, dependant: ModelDir, step: int) -> None:
-        """Records that `dependant` reads this folder's step `step` (dependants.json, through a rename)."""
+        """Records that `dependant` reads this folder's step `step` (dependants.json, written whole)."""
         records = {(folder.path, s) for folder, s in self.dependants()} | {(dependant.path, step)}
-        partial = f"{self.dependants_path}.{os.getpid()}.tmp"
-        with open(partial, "w") as f:
+        with file_written_whole(self.dependants_path) as f:
             json.dump([{"model_dir": path, "step": s} for path, s in sorted(records)], f, indent=2)
             f.write("\n")
-        os.replace(partial, self.dependants_path)
 
     def saved_steps(self) -> list[int]:
         """The steps of the complete checkpoints, oldest first (none if there is no checkpoints/ folder)."""
@@ -179,8 +182,8 @@ class ModelDir:
         (a run training in the folder), into a FileNotFoundError saying so."""
         try:
             yield
-        except DamagedCheckpointError:
-            raise
+        except (DamagedCheckpointError, CheckpointMismatchError):
+            raise  # already named; a mismatch is no damage, and probing for damage would read the whole step
         except Exception as error:
             if not os.path.isdir(os.path.join(self.checkpoints_path, str(step))):
                 raise FileNotFoundError(
@@ -208,7 +211,7 @@ class ModelDir:
             saved = {path: shape for path, shape in saved.items() if path in wanted}
         differences = shape_differences(saved, wanted)
         if differences:
-            raise ValueError(
+            raise CheckpointMismatchError(
                 f"{self.checkpoints_path} (step {step}) holds another model than {self.config_path} builds: "
                 f"{differences}. Nothing was read: was config.gin edited after the checkpoint was saved? Put "
                 "back the config it was saved with"

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ptmjax.storage.written_whole import file_written_whole
 from ptmjax.training.tensorboard_events import drop_steps_after
 
 EVAL_PREFIX = "eval_"
@@ -78,10 +79,8 @@ class MetricsLog:
         if self.read_only:
             return
         kept = self.records(up_to_step=step)
-        partial = self.jsonl_path + ".tmp"
-        with open(partial, "w") as f:
+        with file_written_whole(self.jsonl_path) as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(partial, self.jsonl_path)
         for run in ("train", "eval"):
             drop_steps_after(os.path.join(self._tb_dir, run), step)
 

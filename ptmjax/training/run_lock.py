@@ -28,6 +28,7 @@ from jax.experimental import multihost_utils
 
 from ptmjax.storage.model_dir import ModelDir
 from ptmjax.storage.writable import FolderNotWritable
+from ptmjax.storage.written_whole import file_written_whole
 from ptmjax.training import multihost
 
 _HELD: set[str] = set()  # lock files this process holds: its own pid in any other lock file is a reused pid
@@ -127,16 +128,12 @@ def _acquire(folder: ModelDir) -> None:
 
 
 def _write_lock(path: str, owner: LockOwner) -> None:
-    """Writes the lock through a temporary file and a rename; a write that fails (a full or read-only disk)
-    leaves no temporary file and is a FolderNotWritable naming the folder."""
-    partial = path + f".{owner.pid}.tmp"
+    """Writes the lock whole; a write that fails (a full or read-only disk) leaves no temporary file and is a
+    FolderNotWritable naming the folder."""
     try:
-        with open(partial, "w") as f:
+        with file_written_whole(path) as f:
             json.dump(dataclasses.asdict(owner), f)
-        os.replace(partial, path)
     except OSError as error:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(partial)
         raise FolderNotWritable(
             f"cannot write the run lock {path} ({error.strerror or error}); make {os.path.dirname(path)} "
             "writable and free space there, or choose another --model_dir"

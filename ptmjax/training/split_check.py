@@ -12,7 +12,7 @@ import seqio
 from ptmjax.data import pipeline
 
 SAMPLED = 16  # tokenised examples of each split the check reads
-UNKNOWN_SHARE = 0.25  # of their ids: more unknown ids than this is a warning
+UNKNOWN_SHARE = 0.25  # of their ids: this share of unknown ids or more is a warning
 
 RUN_SPLITS = {
     "train": "trains on",
