@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import pathlib
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -89,14 +91,16 @@ class Setting:
     inputs_length: int
     tasks: tuple[str, ...]
     eval_examples: int | None  # None: the whole validation split
-    lr_factors: tuple[float, ...] = (1, 4)  # each method runs at its learning rate times each; the best is reported
+    lr_factors: tuple[float, ...] = (1, 4)  # the first seed runs at each method's rate times each; dev chooses
+    seeds: tuple[int, ...] = (0, 1, 2)  # fine-tuning seeds (the head's initialisation, dropout, data order)
 
 
 SETTINGS = {
     "reduced": Setting("reduced", 600, 300, 128, ("module classification", "code tagging"), None),
-    "full": Setting("full", 3000, 1000, 128, tuple(TASKS), None),
-    "smoke": Setting("smoke", 4, 10, 32, tuple(TASKS), 8, (1,)),  # the harness end to end in minutes (a test)
+    "full": Setting("full", 3000, 1000, 128, tuple(TASKS), None, seeds=(0, 1, 2, 3, 4)),
+    "smoke": Setting("smoke", 4, 10, 32, tuple(TASKS), 8, (1,), (0,)),  # the harness end to end in minutes (a test)
 }
+BOOTSTRAP_SAMPLES = 1000
 
 
 def train(model_dir: pathlib.Path, gin_file: str, bindings: list[str]) -> dict[str, float]:
@@ -146,6 +150,41 @@ def trainable_counts(model_dir: pathlib.Path) -> tuple[int, int]:
     return Trainable(None if patterns is None else tuple(patterns)).counts(model_api(model).unscanned().abstract_params)
 
 
+def validation_outputs(model_dir: pathlib.Path, task: Task, eval_examples: int | None) -> dict[str, list[Any]]:
+    """{'targets', 'predictions'}: every evaluated validation example's, in order, from the run's final checkpoint
+    (through the evaluator `ptmjax eval` uses), as JSON values."""
+    from ptmjax.decoding import DecodeConfig
+    from ptmjax.tools.evaluate import folder_evaluator
+
+    task_name = task.metric.split("/")[0]
+    evaluator, params = folder_evaluator(str(model_dir), task_name, DecodeConfig(), max_examples=eval_examples)
+    targets, predictions = evaluator.outputs(params)[task_name]
+    as_json = lambda values: [v.tolist() if hasattr(v, "tolist") else v for v in values]  # noqa: E731
+    return {"targets": as_json(targets), "predictions": as_json(predictions)}
+
+
+def score(task: Task, outputs: dict[str, list[Any]], indices: Any) -> float:
+    """The task's metric over the examples at `indices` of `outputs`."""
+    import seqio
+
+    from ptmjax.data import pipeline
+
+    pipeline.get_task_or_mixture(task.metric.split("/")[0])  # registers the task
+    metric_fns = seqio.get_mixture_or_task(task.metric.split("/")[0]).metric_fns
+    targets, predictions = ([outputs[key][i] for i in indices] for key in ("targets", "predictions"))
+    values = {}
+    for metric_fn in metric_fns:
+        values.update(metric_fn(targets, predictions))
+    return float(values[task.metric.split("/")[1]])
+
+
+def halves(outputs: dict[str, list[Any]]) -> dict[str, range]:
+    """The development half (even-numbered validation examples), which chooses the learning rate, and the held-out
+    half (odd-numbered), which only scores."""
+    count = len(outputs["targets"])
+    return {"dev": range(0, count, 2), "test": range(1, count, 2)}
+
+
 def compare(setting: Setting) -> dict[str, Any]:
     runs = RUNS_DIR / setting.name
     backbone = runs / "bert_demo"
@@ -158,27 +197,57 @@ def compare(setting: Setting) -> dict[str, Any]:
     for task_name in setting.tasks:
         task = TASKS[task_name]
         results["tasks"][task_name] = {
-            method: best_of(setting, runs / slug(task_name) / slug(method), backbone, task, learning_rate, bindings)
+            method: chosen_and_seeds(setting, runs / slug(task_name) / slug(method), backbone, task, learning_rate,
+                                     bindings)
             for method, (learning_rate, bindings) in methods(task, setting.inputs_length).items()
         }
     return results
 
 
-def best_of(setting: Setting, method_dir: pathlib.Path, backbone: pathlib.Path, task: Task, learning_rate: float,
-            bindings: list[str]) -> dict[str, Any]:
-    """The run of the best validation score among `learning_rate` times each of the setting's factors, with the
-    score of each."""
-    runs = [finetune(setting, method_dir / f"lr_{factor * learning_rate:g}", backbone, task, factor * learning_rate,
-                     bindings) for factor in setting.lr_factors]
-    best = max(runs, key=lambda run: run["score"])
-    return {**best, "runs": {f"{run['learning_rate']:g}": run["score"] for run in runs}}
+def chosen_and_seeds(setting: Setting, method_dir: pathlib.Path, backbone: pathlib.Path, task: Task,
+                     learning_rate: float, bindings: list[str]) -> dict[str, Any]:
+    """The first seed at `learning_rate` times each of the setting's factors; the rate of the best development
+    score; every other seed at that rate; the held-out score of each seed, their mean and its 95% interval."""
+    run = functools.partial(finetune, setting, method_dir=method_dir, backbone=backbone, task=task,
+                            bindings=bindings)
+    first_seed, *other_seeds = setting.seeds
+    searched = [run(learning_rate=factor * learning_rate, seed=first_seed) for factor in setting.lr_factors]
+    best = max(searched, key=lambda result: result["dev"])
+    seeds = [best, *(run(learning_rate=best["learning_rate"], seed=seed) for seed in other_seeds)]
+    test = [result["test"] for result in seeds]
+    return {
+        "learning_rate": best["learning_rate"], "trainable": best["trainable"], "total": best["total"],
+        "dev_at_each_lr": {f"{result['learning_rate']:g}": result["dev"] for result in searched},
+        "test_at_each_lr": {f"{result['learning_rate']:g}": result["test"] for result in searched},
+        "test_by_seed": dict(zip(map(str, setting.seeds), test, strict=True)),
+        "test_mean": statistics.fmean(test),
+        "test_ci95": bootstrap_interval(task, [result["outputs"] for result in seeds]),
+        "wall_s": statistics.median(result["wall_s"] for result in seeds),
+        "peak_rss_mib": statistics.median(result["peak_rss_mib"] for result in seeds),
+        "load_1min": max(max(result["load_1min"]) for result in seeds),
+    }
 
 
-def finetune(setting: Setting, model_dir: pathlib.Path, backbone: pathlib.Path, task: Task, learning_rate: float,
-             bindings: list[str]) -> dict[str, Any]:
-    """One method on one task from the backbone (or the run's result.json)."""
+def bootstrap_interval(task: Task, outputs_by_seed: list[dict[str, list[Any]]]) -> list[float]:
+    """The 95% percentile interval of the mean over seeds of the held-out score, the held-out examples resampled
+    with replacement (the same resample for every seed): it covers the choice of examples, and the seeds only as
+    far as they are averaged."""
+    import numpy as np
+
+    test = np.asarray(halves(outputs_by_seed[0])["test"])
+    rng = np.random.default_rng(0)
+    means = [statistics.fmean(score(task, outputs, rng.choice(test, len(test))) for outputs in outputs_by_seed)
+             for _ in range(BOOTSTRAP_SAMPLES)]
+    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+
+
+def finetune(setting: Setting, *, method_dir: pathlib.Path, backbone: pathlib.Path, task: Task,
+             learning_rate: float, seed: int, bindings: list[str]) -> dict[str, Any]:
+    """One method on one task from the backbone, at one rate and seed (or the run's result.json): its scores on
+    the whole validation split and on each half, and every example's output."""
+    model_dir = method_dir / f"lr_{learning_rate:g}_seed{seed}"
     common = [
-        f"train.init_checkpoint = '{backbone}'", f"train.num_steps = {setting.finetune_steps}",
+        f"train.init_checkpoint = '{backbone}'", f"train.num_steps = {setting.finetune_steps}", f"train.seed = {seed}",
         f"train.task_feature_lengths = {{'inputs': {setting.inputs_length}}}",
         f"slanted_triangular.total_steps = {setting.finetune_steps}",
         f"slanted_triangular.peak_learning_rate = {learning_rate}",
@@ -190,8 +259,15 @@ def finetune(setting: Setting, model_dir: pathlib.Path, backbone: pathlib.Path, 
         print(f"=== {model_dir}", flush=True)
         timing = train(model_dir, task.run_file, [*common, *bindings])
         trainable, total = trainable_counts(model_dir)
-        return {**timing, "score": last_eval(model_dir, task.metric), "trainable": trainable, "total": total,
-                "learning_rate": learning_rate}
+        outputs = validation_outputs(model_dir, task, setting.eval_examples)
+        whole = score(task, outputs, range(len(outputs["targets"])))
+        if abs(whole - last_eval(model_dir, task.metric)) > 1e-6:
+            raise RuntimeError(f"{model_dir}: the outputs score {whole} on the whole split, the run logged "
+                               f"{last_eval(model_dir, task.metric)}")
+        return {**timing, "validation": whole, **{name: score(task, outputs, indices)
+                                                  for name, indices in halves(outputs).items()},
+                "trainable": trainable, "total": total, "learning_rate": learning_rate, "seed": seed,
+                "outputs": outputs}
 
     return cached(model_dir, compute)
 
@@ -203,19 +279,25 @@ def slug(name: str) -> str:
 def table(setting: Setting, results: dict[str, Any]) -> str:
     lines = [f"Setting '{setting.name}': BERT demo backbone pre-trained {setting.pretrain_steps} steps "
              f"({results['pretrain']['wall_s']:.0f} s), fine-tuned {setting.finetune_steps} steps per method, inputs "
-             f"{setting.inputs_length} tokens; machine: {platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} CPUs.", ""]
+             f"{setting.inputs_length} tokens, fine-tuning seeds {list(setting.seeds)}; machine: "
+             f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs. Held-out: the odd-numbered "
+             "validation examples (mean over seeds, 95% bootstrap interval over those examples); dev: the "
+             "even-numbered ones, which choose the learning rate (first seed).", ""]
     for task_name, rows in results["tasks"].items():
         metric = TASKS[task_name].metric.split("/")[1]
         lines += [f"### {task_name} ({metric})", "",
-                  "| method | score | trainable parameters | % of all | peak RSS (MiB) | wall time (s) | load | lr | "
-                  "score at each lr |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| method | held-out score [95% CI] | each seed | trainable parameters | % of all | lr | "
+                  "dev at each lr | held-out at each lr | peak RSS (MiB) | wall time (s) | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for method, row in rows.items():
-            tried = ", ".join(f"{score:.1f} at {lr}" for lr, score in row["runs"].items())
-            lines.append(f"| {method} | {row['score']:.1f} | {row['trainable']:,} | "
-                         f"{100 * row['trainable'] / row['total']:.2f} | {row['peak_rss_mib']:.0f} | "
-                         f"{row['wall_s']:.0f} | {max(row['load_1min']):.1f} | {row['learning_rate']:g} | "
-                         f"{tried} |")
+            low, high = row["test_ci95"]
+            at_each = lambda scores: ", ".join(f"{value:.1f} at {lr}" for lr, value in scores.items())  # noqa: E731
+            lines.append(f"| {method} | {row['test_mean']:.1f} [{low:.1f}, {high:.1f}] | "
+                         f"{', '.join(f'{value:.1f}' for value in row['test_by_seed'].values())} | "
+                         f"{row['trainable']:,} | {100 * row['trainable'] / row['total']:.2f} | "
+                         f"{row['learning_rate']:g} | {at_each(row['dev_at_each_lr'])} | "
+                         f"{at_each(row['test_at_each_lr'])} | {row['peak_rss_mib']:.0f} | {row['wall_s']:.0f} | "
+                         f"{row['load_1min']:.1f} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -230,11 +312,14 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.2), squeeze=False)
     for ax, (task_name, rows) in zip(axes[0], tasks.items(), strict=True):
         for method, row in rows.items():
-            ax.scatter(row["trainable"], row["score"], s=40)
-            ax.annotate(method, (row["trainable"], row["score"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
+            low, high = row["test_ci95"]
+            ax.errorbar(row["trainable"], row["test_mean"], yerr=[[row["test_mean"] - low], [high - row["test_mean"]]],
+                        fmt="o", capsize=3, markersize=5)
+            ax.annotate(method, (row["trainable"], row["test_mean"]), fontsize=7, xytext=(4, 2),
+                        textcoords="offset points")
         ax.set_xscale("log")
         ax.set_xlabel("trainable parameters")
-        ax.set_ylabel(TASKS[task_name].metric.split("/")[1])
+        ax.set_ylabel(f"held-out {TASKS[task_name].metric.split('/')[1]} (mean of seeds, 95% CI)")
         ax.set_title(task_name)
         ax.grid(alpha=0.3)
     fig.tight_layout()

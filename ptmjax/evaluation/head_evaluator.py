@@ -79,21 +79,29 @@ class HeadEvaluator:
     def evaluate(self, params: Any, step: int | None = None) -> TaskMetrics:
         """{task: {metric: value}} of `params` (laid out anyhow; moved to the mesh once)."""
         del step  # kept for InferenceEvaluator's interface
-        params = jax.device_put(params, self._param_shardings)
         results = {}
-        for task in self._tasks:
-            examples = self._examples[task.name]
-            rows = self._predictions(params, task.name)
-            outputs = [self._output(task, row, example) for row, example in zip(rows, examples, strict=True)]
-            targets = [task.postprocess_fn(example.get("targets_pretokenized"), example=example, is_target=True)
-                       for example in examples]
-            predictions = [task.postprocess_fn(output, example=example, is_target=False)
-                           for output, example in zip(outputs, examples, strict=True)]
+        for task, (targets, predictions) in zip(self._tasks, self.outputs(params).values(), strict=True):
             metrics: dict[str, Any] = {}
             for metric_fn in task.metric_fns:
                 metrics.update(metric_fn(targets, predictions))
             results[task.name] = scalars(metrics)
         return results
+
+    def outputs(self, params: Any) -> dict[str, tuple[list[Any], list[Any]]]:
+        """{task: (targets, predictions)}: every example's target and prediction as the task's metric functions
+        take them (postprocessed), in the split's order; metrics of any subset of examples follow from these."""
+        params = jax.device_put(params, self._param_shardings)
+        outputs = {}
+        for task in self._tasks:
+            examples = self._examples[task.name]
+            rows = self._predictions(params, task.name)
+            raw = [self._output(task, row, example) for row, example in zip(rows, examples, strict=True)]
+            targets = [task.postprocess_fn(example.get("targets_pretokenized"), example=example, is_target=True)
+                       for example in examples]
+            predictions = [task.postprocess_fn(output, example=example, is_target=False)
+                           for output, example in zip(raw, examples, strict=True)]
+            outputs[task.name] = targets, predictions
+        return outputs
 
     def _predictions(self, params: Any, task_name: str) -> list[np.ndarray]:
         """The head's prediction row of every example, in order."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from typing import Any
 
 from ptmjax.decoding import DecodeConfig
 
@@ -34,13 +35,7 @@ def evaluate_model_dir(
     show_progress: bool = True,
 ) -> EvalReport:
     """Evaluates checkpoint `step` (default: the newest) of `model_dir` on `task` and writes the results."""
-    import jax
-
-    from ptmjax import gin_files, partitioning
-    from ptmjax.data import pipeline
     from ptmjax.evaluation import results as results_io
-    from ptmjax.evaluation.head_evaluator import evaluator_for
-    from ptmjax.families.model_api import model_api
     from ptmjax.storage.model_dir import ModelDir
 
     folder = ModelDir(model_dir)
@@ -48,6 +43,34 @@ def evaluate_model_dir(
     path = output or os.path.join(folder.path, "eval", f"{task}_step{step}.json")
     if os.path.exists(path) and not overwrite:
         raise ValueError(f"{path} exists; pass --overwrite to replace it, or --output to write elsewhere")
+    evaluator, params = folder_evaluator(folder.path, task, decode_config, split=split, step=step,
+                                         batch_size=batch_size, max_examples=max_examples, show_progress=show_progress)
+    results = evaluator.evaluate(params, step)
+    payload = {
+        "model_dir": folder.path, "step": step, "task": task, "split": split, "max_examples": max_examples,
+        "num_examples": evaluator.num_examples(), "decode_config": dataclasses.asdict(decode_config),
+        "metrics": results,
+    }
+    results_io.write_json(path, payload, overwrite=overwrite)
+    results_io.write_tensorboard(folder.path, step, results)
+    return EvalReport(path, step, results)
+
+
+def folder_evaluator(
+    model_dir: str, task: str, decode_config: DecodeConfig, *, split: str = "validation", step: int | None = None,
+    batch_size: int = 32, max_examples: int | None = None, show_progress: bool = False,
+) -> tuple[Any, Any]:
+    """(the evaluator of `model_dir`'s model on `task`, checkpoint `step`'s parameters on its mesh): a
+    HeadEvaluator for a task head, whose `outputs` give every example's prediction, else an InferenceEvaluator."""
+    import jax
+
+    from ptmjax import gin_files, partitioning
+    from ptmjax.data import pipeline
+    from ptmjax.evaluation.head_evaluator import evaluator_for
+    from ptmjax.families.model_api import model_api
+    from ptmjax.storage.model_dir import ModelDir
+
+    folder = ModelDir(model_dir)
     pipeline.get_task_or_mixture(task)
     model, mesh_config = gin_files.read_model_config(folder)
     bindings = gin_files.read_train_bindings(folder)
@@ -62,16 +85,7 @@ def evaluate_model_dir(
     )
     with jax.set_mesh(mesh):
         shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, mesh_config.rules)
-    params = folder.read_params(api.abstract_params, shardings, step)
-    results = evaluator.evaluate(params, step)
-    payload = {
-        "model_dir": folder.path, "step": step, "task": task, "split": split, "max_examples": max_examples,
-        "num_examples": evaluator.num_examples(), "decode_config": dataclasses.asdict(decode_config),
-        "metrics": results,
-    }
-    results_io.write_json(path, payload, overwrite=overwrite)
-    results_io.write_tensorboard(folder.path, step, results)
-    return EvalReport(path, step, results)
+    return evaluator, folder.read_params(api.abstract_params, shardings, folder.checkpoint_step(step))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -32,12 +32,13 @@ MESH = MeshConfig(data=2, fsdp=2, tensor=2)
 
 
 def evaluate(model, task):
-    """(the evaluator's metrics, the examples, each example's outputs from the model alone)."""
+    """(the evaluator's metrics and its (targets, predictions), the examples, each example's outputs from the model
+    alone)."""
     api = model_api(model)
     params = nn.unbox(api.init(jax.random.key(3)))
     evaluator = HeadEvaluator(api, task, partitioning.make_mesh(MESH), MESH.rules, batch_size=8,
                               task_feature_lengths={"inputs": LENGTH}, max_examples=EXAMPLES)
-    got = evaluator.evaluate(params)[task]
+    got = evaluator.evaluate(params)[task], evaluator.outputs(params)[task]
     examples = list(pipeline.get_task_or_mixture(task).get_dataset(
         {"inputs": LENGTH}, split="validation", shuffle=False, num_epochs=1, seed=0, use_cached=False,
     ).take(EXAMPLES).as_numpy_iterator())
@@ -53,19 +54,22 @@ def evaluate(model, task):
 
 
 def test_classification_accuracy():
-    got, examples, outputs = evaluate(EncoderForSequenceClassification(CONFIG, num_labels=12), MODULE_HEAD_TASK)
+    (got, per_example), examples, outputs = evaluate(EncoderForSequenceClassification(CONFIG, num_labels=12),
+                                                     MODULE_HEAD_TASK)
     predictions = [int(np.argmax(logits[0])) for logits in outputs]
-    assert got == pytest.approx(metrics.accuracy([int(e["label"]) for e in examples], predictions))
+    labels = [int(e["label"]) for e in examples]
+    assert got == pytest.approx(metrics.accuracy(labels, predictions))
+    assert per_example == (labels, predictions)  # each example's, in order: metrics of any subset follow
 
 
 def test_tagging_token_accuracy_and_span_f1():
-    got, examples, outputs = evaluate(EncoderForTokenClassification(CONFIG, num_labels=len(TAGS)), TAGGING_TASK)
+    (got, _), examples, outputs = evaluate(EncoderForTokenClassification(CONFIG, num_labels=len(TAGS)), TAGGING_TASK)
     predictions = [np.argmax(logits[0], axis=-1) for logits in outputs]
     assert got == pytest.approx(metrics.token_tagging(TAGS)([e["tags"] for e in examples], predictions))
 
 
 def test_span_qa_exact_match_and_f1_with_a_brute_force_span_search():
-    got, examples, outputs = evaluate(EncoderForQuestionAnswering(CONFIG), QA_TASK)
+    (got, _), examples, outputs = evaluate(EncoderForQuestionAnswering(CONFIG), QA_TASK)
     vocabulary = pipeline.get_task_or_mixture(QA_TASK).output_features["inputs"].vocabulary
     predictions = []
     for example, spans in zip(examples, outputs, strict=True):
