@@ -62,6 +62,9 @@ class RowFormat:
             if "encoder_input_tokens" in rows:
                 rows["decoder_input_tokens"] = np.array(rows["decoder_input_tokens"])
                 rows["decoder_input_tokens"][:, 0] = self.decoder_start_id
+                # seqio weighs targets != 0; a target's id 0 (Hugging Face BART's leading <s>) is scored too
+                rows["decoder_loss_weights"] = _right_padded([[1] * len(y[:target_length]) for y in targets],
+                                                             target_length)
             return rows
         streams = [[*x, *y] for x, y in zip(inputs, targets, strict=True)]
         length = input_length + target_length - 1

@@ -3,8 +3,9 @@ the form in which models hand a mask to `MultiHeadAttention`.
 
 Packing puts several examples in one row, marked by segment ids 1, 2, 3, ... (0 = padding); no
 attention crosses segments. `pad_token_id` (0 by default; BART uses 1) is padding in encoder
-inputs; decoder inputs start with id 0 (the BOS of T5), so decoder padding is known only from
-segment ids, and without them causality alone keeps real positions clean.
+inputs, and so, in unpacked rows, is the trailing run of 0s seqio pads with; decoder inputs start
+with id 0 (the BOS of T5), so decoder padding is known only from segment ids, and without them
+causality alone keeps real positions clean.
 
 `AttentionMask` keeps a mask structured where it can be: segment ids of the queries and keys
 (unpacked rows are segment 1, encoder padding segment 0), a causal flag, and an additive bias for
@@ -154,5 +155,10 @@ def _segments(tokens: Array, segment_ids: Array | None) -> Array:
 
 
 def _unpadded_segments(tokens: Array, segment_ids: Array | None, pad_token_id: int) -> Array:
-    """[b, l]: `_segments`, with 0 (padding) where tokens == pad_token_id."""
-    return jnp.where(tokens != pad_token_id, _segments(tokens, segment_ids), 0)
+    """[b, l]: `_segments`, with 0 (padding) where tokens == pad_token_id, and, in rows without segment ids, in
+    the trailing run of 0s that seqio's feature converters pad with whatever the model's pad id (Hugging Face
+    BART's and RoBERTa's 1, whose id 0 `<s>` is a real token at the start of a row)."""
+    padding = tokens == pad_token_id
+    if segment_ids is None and pad_token_id != 0:
+        padding |= jnp.cumsum((tokens != 0)[:, ::-1], axis=1)[:, ::-1] == 0
+    return jnp.where(padding, 0, _segments(tokens, segment_ids))

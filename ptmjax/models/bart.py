@@ -16,10 +16,11 @@ and `__call__` take seqio EncDecFeatureConverter fields, so BART trains
 through the same train step. Packed rows (segment ids 1, 2, ...; 0 =
 padding) never attend across segments; pass `*_positions` so positions
 restart per segment. The encoder masks keys equal to `pad_token_id` (HF BART
-pads with 1, ptmjax's tasks with 0); the decoder is causal and, as in T5, not
-padding-masked beyond causality and segments. seqio's packing takes id 0 for
-padding whatever `pad_token_id` is, so packed examples must not contain id 0
-(HF BART's `<s>`).
+pads with 1, ptmjax's tasks with 0) and, in unpacked rows, the trailing 0s
+seqio's converters pad with; the decoder is causal and, as in T5, not
+padding-masked beyond causality and segments. seqio's converters weigh only
+targets != 0, so a target holding id 0 (HF BART's `<s>`) is not trained on
+unless its rows are built otherwise (ptmjax.load's scores weigh every target id).
 """
 
 from __future__ import annotations

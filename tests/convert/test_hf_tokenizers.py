@@ -12,7 +12,8 @@ import flax.linen as nn
 import jax
 import pytest
 import seqio
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from hf_folders import SMALL_BART, byte_level_bpe, saved, trained
+from tokenizers import models, pre_tokenizers, trainers
 
 from ptmjax import cli, gin_files
 from ptmjax.convert import checkpoint, hf_tokenizer
@@ -28,30 +29,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 TEXTS = ["Return the sum of a and b.", "Open a file, read it and close it again: 3 times."]
-SMALL = dict(
-    d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
-    encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-)
-
-
-def trained(model, trainer, pre_tokenizer) -> dict:
-    tokenizer = Tokenizer(model)
-    tokenizer.pre_tokenizer = pre_tokenizer
-    paragraphs = [p for d in corpus.stdlib_docstrings("train") for p in d.split("\n\n") if p.strip()][:300]
-    tokenizer.train_from_iterator(paragraphs, trainer)
-    return json.loads(tokenizer.to_str())["model"]
-
-
-def byte_level_bpe(tokenizer_class, special_tokens, **kwargs):
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    bpe = trained(models.BPE(), trainers.BpeTrainer(vocab_size=300, special_tokens=special_tokens,
-                                                    initial_alphabet=alphabet), pre_tokenizers.ByteLevel())
-    return tokenizer_class(vocab=bpe["vocab"], merges=[tuple(m) for m in bpe["merges"]], **kwargs)
-
-
-def saved(hf_dir, tokenizer, model) -> None:
-    tokenizer.save_pretrained(hf_dir)
-    model.save_pretrained(hf_dir)
 
 
 def assert_generates(hf_dir, auto_class) -> torch.Tensor:
@@ -114,7 +91,8 @@ def test_import_brings_the_tokenizer_and_export_writes_it_back(tmp_path, family)
         auto_class, want = "AutoModelForCausalLM", GenerationIds(eos_token_id=eos, pad_token_id=eos, bos_token_id=eos)
     else:
         tokenizer = byte_level_bpe(transformers.BartTokenizer, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
-        model = transformers.BartForConditionalGeneration(transformers.BartConfig(vocab_size=len(tokenizer), **SMALL))
+        config = transformers.BartConfig(vocab_size=len(tokenizer), **SMALL_BART)
+        model = transformers.BartForConditionalGeneration(config)
         model.generation_config.forced_bos_token_id = 0  # where transformers 5 keeps it (mBART-50's language tag)
         auto_class = "AutoModelForSeq2SeqLM"
         want = GenerationIds(eos_token_id=2, pad_token_id=1, decoder_start_token_id=2, bos_token_id=0,

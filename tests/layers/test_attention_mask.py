@@ -51,6 +51,18 @@ def test_masks_fold_to_their_definitions(packed):
     np.testing.assert_array_equal(folded(cross), expected(lambda b, q, k: real(1 - b, k) and in_segment(b, q, k)))
 
 
+def test_unpacked_rows_of_a_model_whose_pad_id_is_not_0_end_in_padding_at_seqio_s_trailing_zeros():
+    """seqio pads with 0 whatever the model's pad id; Hugging Face BART's and RoBERTa's id 0 is <s>, real where it
+    starts a row, padding where it trails. Packed rows have segment ids, which say what is padding."""
+    tokens = jnp.asarray([[0, 5, 0, 6, 0, 0], [0, 0, 0, 0, 0, 0]])
+    keys = lambda mask: np.asarray(mask.key_segment_ids).tolist()  # noqa: E731
+    assert keys(encoder_attention_mask(tokens, pad_token_id=1)) == [[1, 1, 1, 1, 0, 0], [0] * 6]
+    assert keys(cross_attention_mask(tokens, tokens, pad_token_id=1)) == [[1, 1, 1, 1, 0, 0], [0] * 6]
+    assert keys(encoder_attention_mask(tokens, pad_token_id=0)) == [[0, 1, 0, 1, 0, 0], [0] * 6]
+    segments = jnp.asarray([[1, 1, 1, 1, 2, 2], [1] * 6])
+    assert keys(encoder_attention_mask(tokens, segments, pad_token_id=1)) == segments.tolist()
+
+
 def test_a_bias_is_added_to_the_folded_mask_and_one_sided_segment_ids_are_refused():
     bias = jnp.arange(36.0).reshape(1, 1, 6, 6)
     mask = decoder_attention_mask(jnp.asarray(TOKENS), jnp.asarray(SEGMENTS), bias)
