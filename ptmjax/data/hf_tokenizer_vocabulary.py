@@ -3,9 +3,11 @@
 Built from a tokenizer.json, from byte-level BPE files (GPT-2 / BART /
 RoBERTa: vocab.json + merges.txt) or from a WordPiece vocab.txt (BERT), the
 way transformers builds its tokenizers from the same files. Encoding adds no
-special tokens (seqio appends EOS); decoding drops them, as SentencePiece drops
-its control pieces. The TensorFlow versions run the same Python tokenizer
-through `tf.numpy_function`. Special ids are given, or looked up by the
+special tokens (seqio appends EOS) and neither pads nor truncates, whatever a
+tokenizer.json's padding and truncation settings say (transformers' tokenizer
+of one text does neither; saved back, the file keeps them); decoding drops
+special tokens, as SentencePiece drops its control pieces. The TensorFlow
+versions run the same Python tokenizer through `tf.numpy_function`. Special ids are given, or looked up by the
 conventional token names; a tokenizer without a pad token pads with EOS (as
 transformers does for GPT-2). Equality and hashing compare the tokenizer's
 JSON and the special ids, so seqio's mixture checks compare content, not
@@ -46,6 +48,9 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
     ):
         self._tokenizer = Tokenizer.from_str(tokenizer) if isinstance(tokenizer, str) else tokenizer
         self._json = self._tokenizer.to_str()
+        self._encoder = Tokenizer.from_str(self._json)  # one text as transformers encodes it: neither padded nor cut
+        self._encoder.no_padding()
+        self._encoder.no_truncation()
         given = {"pad": pad_id, "eos": eos_id, "unk": unk_id, "bos": bos_id}
         self._ids = {role: given[role] if given[role] is not None else self._named_id(role) for role in given}
         super().__init__(extra_ids=0)
@@ -136,7 +141,7 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
     def _encode(self, s: str) -> list[int]:
-        return self._tokenizer.encode(s, add_special_tokens=False).ids
+        return self._encoder.encode(s, add_special_tokens=False).ids
 
     def _decode(self, ids: Sequence[int]) -> str:
         size = self._base_vocab_size

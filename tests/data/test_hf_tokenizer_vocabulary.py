@@ -102,6 +102,30 @@ def test_encodes_and_decodes_like_transformers(hf_dirs, name):
     assert vocab.pad_id == (hf_tokenizer.eos_token_id if name.startswith("gpt2") else hf_tokenizer.pad_token_id)
 
 
+def test_a_tokenizer_json_with_padding_and_truncation_encodes_each_text_as_it_is(hf_dirs, tmp_path):
+    """Sentence-transformers folders save their tokenizer.json with "padding" and "truncation" set; transformers'
+    tokenizer of one text neither pads nor cuts it, and neither does the vocabulary. Saved back, the file keeps
+    its settings."""
+    path, _ = hf_dirs["bert"]
+    tokenizer = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]", length=128)
+    tokenizer.enable_truncation(max_length=128)
+    folder = tmp_path / "sentence_transformer"
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(open(os.path.join(path, "tokenizer_config.json")).read())
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    vocab = tokenizer_dir.read_vocabulary(str(folder))
+    words = " ".join(paragraphs(40)).split()
+    texts = [" ".join(words[:count]) for count in (1, 5, 60, 127, 128, 129, 300, 500)]
+    for text in texts:
+        want = hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert list(vocab.encode(text)) == want and vocab.encode_tf(tf.constant(text)).numpy().tolist() == want
+    assert len(vocab.encode(texts[0])) < 5 and len(vocab.encode(texts[-1])) > 500  # neither padded nor cut
+    saved = json.loads(vocab.tokenizer.to_str())
+    assert saved["padding"]["strategy"] == {"Fixed": 128} and saved["truncation"]["max_length"] == 128
+
+
 def test_sentencepiece_folder_is_seqios_vocabulary_with_t5_sentinels(tmp_path):
     from ptmjax.data import vocabularies
 
