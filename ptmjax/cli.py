@@ -82,8 +82,13 @@ def _decode_parser() -> argparse.ArgumentParser:
     decode.add_argument("--method", choices=("greedy", "beam", "sample"), default=None, help="default: greedy")
     decode.add_argument("--max_decode_length", type=int, default=None, help="most tokens generated, EOS included")
     decode.add_argument("--num_beams", type=int, default=None, help="--method beam: the beam width (default: 4)")
+    decode.add_argument("--length_penalty_style", choices=("t5", "hf"), default=None,
+                        help="--method beam: a finished beam's score is divided by ((5 + length) / 6) ** alpha "
+                        "(t5) or length ** alpha (hf, as transformers' generate); default: hf for models from "
+                        "Hugging Face, else t5")
     decode.add_argument("--length_penalty_alpha", type=float, default=None,
-                        help="--method beam: ((5 + length) / 6) ** alpha divides a beam's score (default: 0.6)")
+                        help="--method beam: the length penalty's exponent (default: 0.6 for t5, the model's "
+                        "length_penalty for hf, 1.0 if it has none)")
     decode.add_argument("--temperature", type=float, default=None, help="--method sample: softmax temperature")
     decode.add_argument("--top_k", type=int, default=None, help="--method sample: keep the k likeliest (0 = off)")
     decode.add_argument("--top_p", type=float, default=None, help="--method sample: nucleus mass (1 = off)")

@@ -1,7 +1,7 @@
 """The token ids generation starts, pads and stops with: read from Hugging Face, kept in `generation.json`.
 
-An import records config.json's ids, overridden by generation_config.json's;
-an export writes them into both files. A ptmjax-trained run has no
+An import records config.json's ids, overridden by generation_config.json's,
+and their beam-search length penalty; an export writes them into both files. A ptmjax-trained run has no
 generation.json: its ids follow its vocabulary (T5's convention: the decoder
 of an encoder-decoder starts from the pad id).
 """
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import seqio
 
 GENERATION_FILE = "generation.json"
+HF_LENGTH_PENALTY = 1.0  # transformers' GenerationConfig default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,9 @@ class GenerationIds:
     bos_token_id: what a decoder-only prompt may start with (GPT-2's <|endoftext|>).
     forced_bos_token_id: the token forced after the decoder start (mBART-50's language tag).
     forced_eos_token_id: the token forced at the length limit (BART).
+    length_penalty: not an id: Hugging Face's beam-search length penalty exponent, set for models from Hugging
+      Face (1.0 where their files leave it out), so that beam search ranks as their `generate` does (see
+      DecodeConfig.length_penalty_style); None for models trained here.
     """
 
     eos_token_id: int | None = None
@@ -38,20 +42,24 @@ class GenerationIds:
     bos_token_id: int | None = None
     forced_bos_token_id: int | None = None
     forced_eos_token_id: int | None = None
+    length_penalty: float | None = None
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str) -> GenerationIds:
         """The fields `values` holds (others ignored); a non-integer id raises naming `source`."""
         ids = {f.name: values.get(f.name) for f in dataclasses.fields(cls)}
+        penalty = ids.pop("length_penalty")
         for name, value in ids.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{source} has {name}={value!r}; ptmjax records one integer id (or null) per field")
-        return cls(**ids)
+        if penalty is not None and (isinstance(penalty, bool) or not isinstance(penalty, (int, float))):
+            raise ValueError(f"{source} has length_penalty={penalty!r}; it must be a number (or null)")
+        return cls(**ids, length_penalty=None if penalty is None else float(penalty))
 
     @classmethod
     def from_hf_dir(cls, path: str) -> GenerationIds:
-        """config.json's ids, overridden by generation_config.json's non-null ones."""
-        values: dict[str, Any] = {}
+        """config.json's ids, overridden by generation_config.json's non-null ones, and their length penalty."""
+        values: dict[str, Any] = {"length_penalty": HF_LENGTH_PENALTY}
         for name in ("config.json", "generation_config.json"):
             file = os.path.join(path, name)
             if os.path.isfile(file):
@@ -90,8 +98,8 @@ class GenerationIds:
         pad = self.eos_token_id if self.pad_token_id is None else self.pad_token_id
         return dataclasses.replace(self, pad_token_id=pad)
 
-    def to_hf(self) -> dict[str, int]:
-        """The ids that are set, as transformers' config and GenerationConfig fields."""
+    def to_hf(self) -> dict[str, int | float]:
+        """The fields that are set, as transformers' config and GenerationConfig fields."""
         return {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
 
 

@@ -32,7 +32,8 @@ def predict(
     prefill = prefill_fn(module, params, batch, length, ids)
     rows = prefill.first_logits.shape[0]
     if config.method == "beam":
-        tokens, scores = beam_search(prefill, config.num_beams, length, ids, config.length_penalty_alpha)
+        style, alpha = config.length_penalty(ids)
+        tokens, scores = beam_search(prefill, config.num_beams, length, ids, alpha, style)
         return DecodeOutput(tokens[:, : config.num_decodes], scores[:, : config.num_decodes])
     if config.method == "sample" and rng is None:
         raise ValueError("DecodeConfig.method='sample' needs an rng (jax.random.key); greedy needs none.")

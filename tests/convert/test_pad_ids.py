@@ -57,3 +57,17 @@ def test_greedy_decodes_of_unequal_inputs_equal_generate_on_each_alone(bart_dir)
         output = reference.generate(**tokenizer(prompt, return_tensors="pt"), max_new_tokens=8, num_beams=1,
                                     do_sample=False)[0, 1:].tolist()
         assert list(prediction.tokens[0]) == output[: len(prediction.tokens[0])], prompt
+
+
+def test_beam_search_of_a_hugging_face_folder_equals_generate_with_its_defaults(bart_dir):
+    """Only the beam width and length given: the length penalty (transformers' length ** 1.0), the stopping
+    heuristic and the forced EOS come from the folder, as generate takes them."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(bart_dir)
+    reference = transformers.AutoModelForSeq2SeqLM.from_pretrained(bart_dir).eval()
+    got = ptmjax.load(str(bart_dir)).predict(PROMPTS, method="beam", num_beams=3, max_decode_length=8)
+    for prompt, prediction in zip(PROMPTS, got, strict=True):
+        output = reference.generate(**tokenizer(prompt, return_tensors="pt"), max_new_tokens=8, num_beams=3,
+                                    output_scores=True, return_dict_in_generate=True)
+        tokens = output.sequences[0, 1:].tolist()
+        assert list(prediction.tokens[0]) == tokens[: len(prediction.tokens[0])], prompt
+        np.testing.assert_allclose(prediction.scores[0], float(output.sequences_scores[0]), atol=1e-4)

@@ -8,7 +8,8 @@ attention_mask); GPT-2 prompts right-padded with decoder_segment_ids for ptmjax 
 an attention_mask for HF. EOS is a token that the models emit mid-sequence in some rows, so
 finishing, the padding after EOS and beam search's finished hypotheses are exercised (asserted).
 
-HF settings matching ptmjax: do_sample=False, length_penalty=0.0 (ptmjax length_penalty_alpha=0.0),
+HF settings matching ptmjax: do_sample=False, length_penalty=0.0 (ptmjax length_penalty_alpha=0.0;
+and 1.0 and 2.0 with length_penalty_style 'hf', the default for a model from Hugging Face),
 early_stopping=False (HF's default: stop when no live beam can beat the worst finished one),
 min_length=0, and none of BART's generation defaults that ptmjax does not apply (forced EOS at the
 last step, ...). Greedy scores are the sum of log-softmax of the chosen tokens up to and including
@@ -122,7 +123,7 @@ def batch(name: str):
     return ours, dict(input_ids=torch.tensor(left), attention_mask=torch.tensor(left_valid.astype(np.int64)))
 
 
-def hf_generate(name: str, num_beams: int, **ids):
+def hf_generate(name: str, num_beams: int, length_penalty: float = 0.0, **ids):
     """-> (tokens [rows, num_beams or 1, NEW_TOKENS] with pad after EOS, scores), HF's decode."""
     case = CASES[name]
     model, _ = models(name)
@@ -134,7 +135,7 @@ def hf_generate(name: str, num_beams: int, **ids):
     with torch.inference_mode():
         out = model.generate(
             **inputs, **ids, do_sample=False, num_beams=num_beams, num_return_sequences=num_beams,
-            max_new_tokens=NEW_TOKENS, min_length=0, length_penalty=0.0, early_stopping=False,
+            max_new_tokens=NEW_TOKENS, min_length=0, length_penalty=length_penalty, early_stopping=False,
             forced_eos_token_id=None, no_repeat_ngram_size=0, repetition_penalty=1.0, output_scores=True,
             return_dict_in_generate=True,
         )
@@ -160,17 +161,20 @@ def hf_generate(name: str, num_beams: int, **ids):
     return tokens.reshape(-1, num_beams, NEW_TOKENS), scores.reshape(-1, num_beams)
 
 
-def ptmjax_generate(name: str, num_beams: int, **ids):
-    """-> (tokens [rows, num_beams or 1, NEW_TOKENS], scores), ptmjax's decode of the same batch."""
+def ptmjax_generate(name: str, num_beams: int, length_penalty: float | None = None, **ids):
+    """-> (tokens [rows, num_beams or 1, NEW_TOKENS], scores), ptmjax's decode of the same batch; with
+    `length_penalty`, its generation ids carry it (a model from Hugging Face) and the decode config sets no
+    length penalty (the origin's)."""
     case = CASES[name]
     _, params = models(name)
     ours, _ = batch(name)
     api = model_api(case.module(case.config))
-    ids = GenerationIds(case.eos, case.pad, **{"decoder_start_token_id": case.start or 0, **ids})
+    ids = GenerationIds(case.eos, case.pad, **{"decoder_start_token_id": case.start or 0, **ids},
+                        length_penalty=length_penalty)
     if num_beams > 1:
         config = DecodeConfig(
             method="beam", max_decode_length=NEW_TOKENS, num_beams=num_beams, num_decodes=num_beams,
-            length_penalty_alpha=0.0,
+            length_penalty_alpha=0.0 if length_penalty is None else None,
         )
     else:
         config = DecodeConfig(method="greedy", max_decode_length=NEW_TOKENS)
@@ -178,10 +182,12 @@ def ptmjax_generate(name: str, num_beams: int, **ids):
     return np.asarray(out.tokens), np.asarray(out.scores)
 
 
-def assert_equal_decodes(name: str, num_beams: int, **ids) -> np.ndarray:
-    """Asserts ptmjax's and HF's decodes agree (tokens exactly, scores to 1e-4); -> the tokens."""
-    hf_tokens, hf_scores = hf_generate(name, num_beams, **ids)
-    tokens, scores = ptmjax_generate(name, num_beams, **ids)
+def assert_equal_decodes(name: str, num_beams: int, length_penalty: float | None = None, **ids) -> np.ndarray:
+    """Asserts ptmjax's and HF's decodes agree (tokens exactly, scores to 1e-4); -> the tokens.
+
+    length_penalty None: 0 on both sides; else HF's, and ptmjax's from the model's origin."""
+    hf_tokens, hf_scores = hf_generate(name, num_beams, length_penalty or 0.0, **ids)
+    tokens, scores = ptmjax_generate(name, num_beams, length_penalty, **ids)
     diff = float(np.abs(scores - hf_scores).max())
     print(f"{name} num_beams={num_beams} {ids or ''}: max |score diff| {diff:.1e}")
     np.testing.assert_array_equal(tokens, hf_tokens)
@@ -203,6 +209,17 @@ def test_greedy_and_beam_equal_hf_generate(name):
     beams = assert_equal_decodes(name, BEAMS)
     assert ends_mid_sequence(beams, eos).any() and not ends_mid_sequence(beams, eos).all(), beams
     assert len({tuple(row) for row in beams.reshape(-1, NEW_TOKENS)}) > len(beams)  # beams differ
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_beam_search_with_hf_length_penalties_equals_hf_generate(name):
+    """A model from Hugging Face (its generation ids carry `length_penalty`) ranks finished beams by
+    sum(log p) / length ** length_penalty and stops by generate's heuristic: the default 1.0 (beams finish at
+    different lengths), and 2.0."""
+    eos = CASES[name].eos
+    beams = assert_equal_decodes(name, BEAMS, 1.0)
+    assert ends_mid_sequence(beams, eos).any() and not ends_mid_sequence(beams, eos).all(), beams
+    assert_equal_decodes(name, BEAMS, 2.0)  # favours long beams: here none ends early in some cases
 
 
 @pytest.mark.parametrize("ids", [{"decoder_start_token_id": 97}, {"forced_bos_token_id": 97}])
