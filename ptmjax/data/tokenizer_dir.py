@@ -6,6 +6,12 @@ The first that applies, as transformers would read the folder:
   `seqio.SentencePieceVocabulary` with T5's sentinels (`extra_ids` of
   tokenizer_config.json, else the `<extra_id_N>` tokens it lists, else
   T5Tokenizer's default 100), `<extra_id_0>` the highest id;
+* a ByT5Tokenizer's tokenizer_config.json (ByT5 has no other file):
+  `seqio.ByteVocabulary`, the bytes at ids 3-258 as in ByT5Tokenizer, with
+  the larger of `extra_ids` and the sentinels listed (ByT5's default 125)
+  above them, `<extra_id_0>` the highest as ByT5 was pre-trained (transformers
+  numbers its sentinel tokens upwards from 259: text holding `<extra_id_N>`
+  is read as its bytes here);
 * tokenizer.json;
 * vocab.json + merges.txt: byte-level BPE (GPT-2, BART, RoBERTa);
 * vocab.txt: WordPiece (BERT), cased or not as tokenizer_config.json says.
@@ -33,6 +39,7 @@ TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP = "tokenizer_config.json", "special_tokens_
 TOKENIZER_FILES = (SPIECE, TOKENIZER_JSON, VOCAB_JSON, MERGES, VOCAB_TXT, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)
 T5_TOKENIZER_CLASSES = ("T5Tokenizer", "T5TokenizerFast", "MT5Tokenizer", "MT5TokenizerFast")
 T5_DEFAULT_EXTRA_IDS = 100
+BYT5_TOKENIZER, BYT5_DEFAULT_EXTRA_IDS = "ByT5Tokenizer", 125
 SPECIAL_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 SENTINEL = re.compile(r"<extra_id_\d+>")
 
@@ -84,6 +91,10 @@ def read_vocabulary(directory: str) -> seqio.Vocabulary:
                 f"a {TOKENIZER_JSON}: save the tokenizer with transformers 5 to write one"
             )
         return sentencepiece_vocabulary(path[SPIECE], _extra_ids(config))
+    if tokenizer_class == BYT5_TOKENIZER and TOKENIZER_JSON not in present:
+        sentinels = {token for token in _listed_tokens(config) if SENTINEL.fullmatch(token or "")}
+        return seqio.ByteVocabulary(extra_ids=max(len(sentinels), int(config.get("extra_ids", 0))) or
+                                    BYT5_DEFAULT_EXTRA_IDS)
     tokens = special_tokens(config)
     if TOKENIZER_JSON in present:
         vocabulary = HfTokenizerVocabulary.from_file(path[TOKENIZER_JSON])
@@ -100,6 +111,12 @@ def read_vocabulary(directory: str) -> seqio.Vocabulary:
             unk_token=tokens.get("unk", "[UNK]"), special_tokens=[*tokens.values(), *_listed_tokens(config)],
         )
     else:
+        if tokenizer_class:
+            raise ValueError(
+                f"{directory} holds a {tokenizer_class} without any of {', '.join(TOKENIZER_FILES[:5])}; ptmjax "
+                f"reads those files and {BYT5_TOKENIZER} folders: save the tokenizer with transformers 5 to write a "
+                f"{TOKENIZER_JSON}"
+            )
         raise FileNotFoundError(
             f"{directory} holds no tokenizer ({', '.join(TOKENIZER_FILES[:5])}); copy the tokenizer files of the "
             "model there"

@@ -18,7 +18,7 @@ from tokenizers import models, pre_tokenizers, trainers
 
 from ptmjax import cli, gin_files
 from ptmjax.convert import checkpoint, hf_tokenizer
-from ptmjax.data import corpus, vocabularies
+from ptmjax.data import corpus, tokenizer_dir, vocabularies
 from ptmjax.data.hf_tokenizer_vocabulary import HfTokenizerVocabulary
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.model_api import model_api
@@ -202,3 +202,37 @@ def test_an_import_fine_tunes_on_text_with_its_own_tokenizer(tmp_path):
     assert kept.sp_model == own.sp_model and kept.vocab_size == own.vocab_size
     import_ids = gin_files.folder_generation_ids(ModelDir(str(imported)))
     assert gin_files.folder_generation_ids(ModelDir(str(run))) == import_ids
+
+
+def test_a_byt5_folder_imports_loads_and_exports_with_its_byte_vocabulary(tmp_path):
+    """ByT5 (T5 v1.1 over bytes) saves only a tokenizer_config.json naming ByT5Tokenizer: it reads as seqio's
+    ByteVocabulary, which encodes as ByT5Tokenizer does, and decodes greedily as generate does."""
+    import ptmjax
+
+    tokenizer = transformers.ByT5Tokenizer()
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=len(tokenizer), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0,
+    )).eval()
+    saved(tmp_path / "hf", tokenizer, model)
+    imported = tmp_path / "imported"
+    assert cli.main(["convert", "--from-hf", str(tmp_path / "hf"), "--to", str(imported)]) == 0
+    texts = [*TEXTS, "Naïve café: 東京", "x"]
+    for folder, vocab in ((tmp_path / "hf", tokenizer_dir.read_vocabulary(str(tmp_path / "hf"))),
+                          (imported, gin_files.folder_vocabulary(str(imported)))):
+        assert isinstance(vocab, seqio.ByteVocabulary) and vocab.vocab_size == len(tokenizer) == 384
+        for text in texts:
+            assert list(vocab.encode(text)) == tokenizer(text, add_special_tokens=False)["input_ids"]
+        loaded = ptmjax.load(str(folder))
+        for text, prediction in zip(texts, loaded.predict(texts, max_decode_length=6), strict=True):
+            want = model.generate(**tokenizer(text, return_tensors="pt"), max_new_tokens=6, do_sample=False)
+            assert list(prediction.tokens[0]) == want[0, 1:].tolist()[: len(prediction.tokens[0])], text
+    out = tmp_path / "out"
+    assert cli.main(["convert", "--from", str(imported), "--to-hf", str(out)]) == 0
+    assert transformers.AutoTokenizer.from_pretrained(out)(texts)["input_ids"] == tokenizer(texts)["input_ids"]
+
+
+def test_a_tokenizer_class_without_files_ptmjax_reads_is_named(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "CanineTokenizer"}')
+    with pytest.raises(ValueError, match="holds a CanineTokenizer without any of spiece.model"):
+        tokenizer_dir.read_vocabulary(str(tmp_path))
