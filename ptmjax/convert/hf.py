@@ -6,7 +6,8 @@ sharded checkpoints with their *.index.json too, whose shards must lie inside
 the directory). The family comes from config.json's `model_type`, the
 pre-training head from its `architectures`; a fine-tuning class there
 (BertForSequenceClassification, GPT2ForSequenceClassification, ...) gives
-the matching ptmjax task model (hf_task_heads.py).
+the matching ptmjax task model (hf_task_heads.py), and a base-model class
+(BertModel, GPT2Model, ...) the pre-training one with a fresh head (hf_base_models.py).
 Reading needs only safetensors (or torch for .bin files); writing needs
 transformers for the config (`pip install -e ".[hf]"`).
 """
@@ -25,7 +26,7 @@ import flax.linen as nn
 import numpy as np
 
 import ptmjax.convert
-from ptmjax.convert import hf_task_heads
+from ptmjax.convert import hf_base_models, hf_task_heads
 from ptmjax.convert.hf_heads import Head
 from ptmjax.convert.state_dict import to_numpy
 from ptmjax.decoding.generation_ids import GenerationIds
@@ -59,13 +60,14 @@ def head_of_config(hf_config: Mapping[str, Any]) -> tuple[ModuleType, Head]:
         )
     converter, heads = FAMILIES[model_type]
     declared = hf_config.get("architectures") or []
-    known = [name for name in declared if name in heads]
+    bases = {name: base for name, base in getattr(converter, "BASE_MODELS", {}).items() if base.head in heads}
+    known = [bases[name].head if name in bases else name for name in declared if name in heads or name in bases]
     if not known:
         if declared or len(heads) > 1:
             raise ValueError(
                 f"config.json declares architectures {declared}; ptmjax imports {model_type} checkpoints of "
-                f"{', '.join(heads)} (the pre-training heads) and the fine-tuning classes of "
-                f"ptmjax.convert.hf_task_heads; export the model with one of them"
+                f"{', '.join([*heads, *bases])} (the pre-training heads and base models) and the fine-tuning "
+                f"classes of ptmjax.convert.hf_task_heads; export the model with one of them"
             )
         known = list(heads)
     return converter, heads[known[0]]
@@ -179,8 +181,22 @@ def load(path: str, dtype: str = "float32", param_dtype: str = "float32") -> tup
         return model, hf_task_heads.hf_to_params(read_state_dict(path), model)["params"]
     converter, head = head_of_config(hf_config)
     config = converter.from_hf_config(hf_config, dtype=dtype, param_dtype=param_dtype, **head.config_kwargs)
-    params = converter.hf_to_params(read_state_dict(path), config, **head.convert_kwargs)
-    return head.model_class(config), params["params"]
+    model, state = head.model_class(config), read_state_dict(path)
+    base_class = _base_class(hf_config, converter)
+    if base_class is None:
+        return model, converter.hf_to_params(state, config, **head.convert_kwargs)["params"]
+    params = hf_base_models.with_fresh_head(
+        state, converter.BASE_MODELS[base_class], base_class, model,
+        lambda params: converter.params_to_hf(params, config, **head.convert_kwargs),
+        lambda merged: converter.hf_to_params(merged, config, **head.convert_kwargs),
+    )
+    return model, params["params"]
+
+
+def _base_class(hf_config: Mapping[str, Any], converter: ModuleType) -> str | None:
+    """The base-model class (BertModel, ...) config.json declares, if it declares one of its family's."""
+    bases = getattr(converter, "BASE_MODELS", {})
+    return next((name for name in hf_config.get("architectures") or [] if name in bases), None)
 
 
 def save(model: nn.Module, params: Mapping[str, Any], path: str, generation_ids: GenerationIds | None = None) -> str:

@@ -24,13 +24,14 @@ from ptmjax.convert.hf_encoder import (
     refuse_unless,
     state_to_params,
 )
-from ptmjax.convert.hf_heads import Head
+from ptmjax.convert.hf_heads import BaseModel, Head
 from ptmjax.convert.state_dict import Params, Rule, field, require
 from ptmjax.models.albert import Albert, AlbertConfig
 
 HEADS = {"albert": {
     "AlbertForPreTraining": Head(Albert, {"sop_head": True}), "AlbertForMaskedLM": Head(Albert, {"sop_head": False}),
 }}
+BASE_MODELS = {"AlbertModel": BaseModel("AlbertForPreTraining", "albert.")}
 
 LAYOUT = HFLayout(
     embeddings="albert.embeddings", layer="albert.encoder.albert_layer_groups.{}.albert_layers.0",

@@ -16,11 +16,13 @@ from typing import Any
 import numpy as np
 
 from ptmjax.convert.hf_gpt2 import ACTIVATIONS, TO_HF_ACTIVATION  # HF activation_function <-> ours
-from ptmjax.convert.hf_heads import Head
+from ptmjax.convert.hf_heads import BaseModel, Head
 from ptmjax.convert.state_dict import Params, Rule, field, one_to_one, params_to_rules, require, rules_to_params
 from ptmjax.models.bart import Bart, BartConfig
 
 HEADS = {"bart": {"BartForConditionalGeneration": Head(Bart)}, "mbart": {"MBartForConditionalGeneration": Head(Bart)}}
+BASE_MODELS = {"BartModel": BaseModel("BartForConditionalGeneration", "model."),
+               "MBartModel": BaseModel("MBartForConditionalGeneration", "model.")}
 
 FAMILIES = {  # model_type -> (name in errors, transformers config class, model class, pre_layer_norm)
     "bart": ("BART", "BartConfig", "BartForConditionalGeneration", False),

@@ -24,7 +24,7 @@ from ptmjax.convert.hf_encoder import (
     refuse_unless,
     state_to_params,
 )
-from ptmjax.convert.hf_heads import Head
+from ptmjax.convert.hf_heads import BaseModel, Head
 from ptmjax.convert.state_dict import Params, Rule, field, require
 from ptmjax.models.bert import Bert, BertConfig
 
@@ -32,6 +32,8 @@ HEADS = {
     "bert": {"BertForPreTraining": Head(Bert, {"nsp_head": True}), "BertForMaskedLM": Head(Bert, {"nsp_head": False})},
     "roberta": {"RobertaForMaskedLM": Head(Bert, {"nsp_head": False})},
 }
+BASE_MODELS = {"BertModel": BaseModel("BertForPreTraining", "bert."),
+               "RobertaModel": BaseModel("RobertaForMaskedLM", "roberta.")}
 
 FAMILY_DEFAULTS = {  # model_type -> what the HF family fixes
     "bert": {"positions_after_padding": False, "pad_token_id": 0, "nsp_head": True},

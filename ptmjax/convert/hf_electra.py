@@ -30,7 +30,7 @@ from ptmjax.convert.hf_encoder import (
     refuse_unless,
     state_to_params,
 )
-from ptmjax.convert.hf_heads import Head
+from ptmjax.convert.hf_heads import BaseModel, Head
 from ptmjax.convert.state_dict import Params, Rule, field, require
 from ptmjax.models.electra import ElectraConfig, ElectraDiscriminator, ElectraGenerator, ElectraPretrainingConfig
 
@@ -39,6 +39,7 @@ HEADS = {"electra": {
     "ElectraForPreTraining": Head(ElectraDiscriminator, convert_kwargs={"role": "discriminator"}),
     "ElectraForMaskedLM": Head(ElectraGenerator, convert_kwargs={"role": "generator"}),
 }}
+BASE_MODELS = {"ElectraModel": BaseModel("ElectraForPreTraining", "electra.")}
 
 HF_CLASSES = {"discriminator": "ElectraForPreTraining", "generator": "ElectraForMaskedLM"}
 LAYOUT = HFLayout(

@@ -11,12 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from ptmjax.convert.hf_heads import Head
+from ptmjax.convert.hf_heads import BaseModel, Head
 from ptmjax.convert.state_dict import Params, Rule, field, one_to_one, params_to_rules, require, rules_to_params
 from ptmjax.models.gpt2 import GPT2, GPT2Config
 
 # HF activation_function -> ours. 'gelu_pytorch_tanh' is the same tanh formula as 'gelu_new'.
 HEADS = {"gpt2": {"GPT2LMHeadModel": Head(GPT2)}}
+BASE_MODELS = {"GPT2Model": BaseModel("GPT2LMHeadModel", "transformer.")}
 
 ACTIVATIONS = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu": "gelu_exact", "relu": "relu", "silu": "silu"}
 TO_HF_ACTIVATION = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "silu": "silu"}

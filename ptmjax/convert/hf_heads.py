@@ -1,6 +1,7 @@
 """The Hugging Face classes of a family: each `convert/hf_<family>.py` declares its own as
-`HEADS = {model_type: {HF class name: Head(...)}}`, the pre-training heads only, and `convert/hf.py`
-finds them there, so a new family's converter is its one file."""
+`HEADS = {model_type: {HF class name: Head(...)}}`, the pre-training heads only, and its base-model classes
+as `BASE_MODELS = {HF class name: BaseModel(...)}` (hf_base_models.py); `convert/hf.py` finds them there, so a
+new family's converter is its one file."""
 
 from __future__ import annotations
 
@@ -21,3 +22,11 @@ class Head(NamedTuple):
     model_class: type[nn.Module]
     config_kwargs: Mapping[str, Any] = {}
     convert_kwargs: Mapping[str, Any] = {}
+
+
+class BaseModel(NamedTuple):
+    """A Hugging Face base-model class of a family (BertModel, ...): the backbone of `head`, a class of HEADS,
+    whose keys carry `prefix` ('bert.', 'model.', '' for T5) before the base class's."""
+
+    head: str
+    prefix: str

@@ -22,11 +22,12 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
-from ptmjax.convert.hf_heads import Head
+from ptmjax.convert.hf_heads import BaseModel, Head
 from ptmjax.convert.state_dict import Params, field, one_to_one, rules_to_params
 from ptmjax.models.t5 import EncoderDecoder, T5Config
 
 HEADS = {"t5": {"T5ForConditionalGeneration": Head(EncoderDecoder)}}
+BASE_MODELS = {"T5Model": BaseModel("T5ForConditionalGeneration", "")}
 
 FEED_FORWARD_PROJ = {"relu": ("relu",), "gated-gelu": ("gelu", "linear")}
 # Keys HF stores that carry no information of their own (tied copies, unused weights).

@@ -162,3 +162,37 @@ def test_joint_electra_saves_generator_and_discriminator_sharing_embeddings(tmp_
             np.testing.assert_array_equal(reloaded[key].numpy(), value, err_msg=f"{role} {key}")
     embeddings = "electra.embeddings.word_embeddings.weight"
     np.testing.assert_array_equal(want["generator"][embeddings], want["discriminator"][embeddings])
+
+
+BASE_MODELS = {  # HF base class -> (the MODELS entry of its config, what its import initialises afresh, leaves out)
+    "BertModel": ("bert_pretraining", "cls.", None), "RobertaModel": ("roberta", "lm_head.", "roberta.pooler."),
+    "GPT2Model": ("gpt2", None, None), "BartModel": ("bart", "final_logits_bias", None),
+    "MBartModel": ("mbart", "final_logits_bias", None), "T5Model": ("t5_v1_1", "lm_head.", None),
+    "AlbertModel": ("albert_pretraining", "predictions.", None),
+    "ElectraModel": ("electra_discriminator", "discriminator_predictions.", None),
+}
+
+
+@pytest.mark.parametrize("base_class", sorted(BASE_MODELS))
+def test_base_model_classes_import_with_a_fresh_head_and_export_a_backbone_transformers_reads(
+        tmp_path, capsys, base_class):
+    """A base-model checkpoint (keys without the head class's prefix, no head) imports as the pre-training
+    class, naming what it initialises afresh and what it leaves out (RoBERTa's pooler, which RobertaForMaskedLM
+    has not); exported, transformers' base class reads back every tensor it kept."""
+    name, fresh, left_out = BASE_MODELS[base_class]
+    converter, config, *_ = MODELS[name]
+    torch.manual_seed(0)
+    original = getattr(transformers, base_class)(converter.to_hf_config(config)).eval()
+    original.save_pretrained(tmp_path / "hf")
+    model, params = hf.load(str(tmp_path / "hf"))
+    out = capsys.readouterr().out
+    assert f"Imported a {base_class} as a " in out
+    assert (f"newly initialised: {fresh}" in out) if fresh else ("newly initialised" not in out), out
+    assert (f"left out: {left_out}" in out) if left_out else ("left out" not in out), out
+    hf.save(model, params, str(tmp_path / "out"))
+    got = getattr(transformers, base_class).from_pretrained(tmp_path / "out").state_dict()
+    kept = {key: value for key, value in original.state_dict().items()
+            if not (left_out and key.startswith(left_out.split(".", 1)[1]))}
+    assert set(got) == set(original.state_dict()) and len(kept) > 10
+    for key, value in kept.items():
+        assert torch.equal(got[key], value), key
