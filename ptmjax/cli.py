@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ptmjax import tensorflow_import
 from ptmjax.data import corpus
@@ -31,13 +32,41 @@ _AFTER = argparse.ArgumentParser(add_help=False)  # every command's parent: --tr
 _AFTER.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP)
 
 
+# command -> (examples shown at the end of its --help, the page of docs/ that explains it)
+EXAMPLES = {
+    "train": (["ptmjax train", "ptmjax train --gin_file=models/t5_1_1_base.gin --gin_file=runs/pretrain.gin "
+               "--gin_file=mesh/fsdp.gin --model_dir=/path/to/run",
+               "ptmjax train --model_dir=runs/demo --resume_step=200    # resume from an older checkpoint"],
+              "docs/training.md"),
+    "eval": (["ptmjax eval --model_dir runs/bert_classify_demo --task ptmjax_stdlib_module_classification_head"],
+             "docs/inference.md"),
+    "infer": (["ptmjax infer --model_dir runs/summarize_demo/best --task ptmjax_stdlib_docstring_summary "
+               "--max_examples 8", "echo 'Return the sum of a and b.' | ptmjax infer --model_dir runs/demo "
+               "--input_file - --method beam --num_beams 4"], "docs/inference.md"),
+    "probe": (["ptmjax probe --model_dir runs/bert_demo"], "docs/probing.md"),
+    "compile": (["ptmjax compile --topology=v5e:16x16 --gin_file=models/t5_1_1_11B.gin --gin_file=runs/pretrain.gin "
+                 "--gin_file=mesh/fsdp_tp.gin"], "docs/aot_compile.md"),
+    "convert": (["ptmjax convert --from-hf /path/to/hf_dir --to runs/imported",
+                 "ptmjax convert --from runs/finetuned --to-hf /path/to/out"], "docs/models.md"),
+    "inspect": (["ptmjax inspect runs/demo"], "docs/scale.md"),
+}
+
+
+def _command(commands: argparse._SubParsersAction, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """The `ptmjax <name>` parser, its --help ending with EXAMPLES[name]."""
+    examples, page = EXAMPLES[name]
+    epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples) + f"\n\nmore: {page}"
+    return commands.add_parser(name, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ptmjax", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
     commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser(
-        "train", help="pre-train or fine-tune a model from gin files; resumes from --model_dir", parents=[_AFTER],
+    train = _command(
+        commands, "train", help="pre-train or fine-tune a model from gin files; resumes from --model_dir",
+        parents=[_AFTER],
     )
     train.add_argument(
         "--gin_file", action="append", default=None,
@@ -101,9 +130,9 @@ def _decode_parser() -> argparse.ArgumentParser:
 
 
 def _add_eval_parser(commands: argparse._SubParsersAction) -> None:
-    evaluate = commands.add_parser(
-        "eval", help="a checkpoint's metrics on a seqio task or mixture (decoding and/or scoring, as its metrics "
-        "need); writes MODEL_DIR/eval/<task>_step<N>.json and TensorBoard", parents=[_AFTER, _decode_parser()],
+    evaluate = _command(
+        commands, "eval", help="a checkpoint's metrics on a seqio task or mixture (decoding and/or scoring, as its "
+        "metrics need); writes MODEL_DIR/eval/<task>_step<N>.json and TensorBoard", parents=[_AFTER, _decode_parser()],
     )
     evaluate.add_argument("--model_dir", required=True, help="a `ptmjax train` run's folder or a converted model's")
     evaluate.add_argument("--task", required=True, help="a registered seqio task or mixture with metric functions")
@@ -118,8 +147,9 @@ def _add_eval_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_infer_parser(commands: argparse._SubParsersAction) -> None:
-    infer = commands.add_parser(
-        "infer", help="decode a text file's lines or a seqio task's split with a model folder; JSONL predictions",
+    infer = _command(
+        commands, "infer",
+        help="decode a text file's lines or a seqio task's split with a model folder; JSONL predictions",
         parents=[_AFTER, _decode_parser()],
     )
     infer.add_argument("--model_dir", required=True, help="a `ptmjax train` run, an imported model or a Hugging Face "
@@ -150,8 +180,8 @@ def _add_infer_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_probe_parser(commands: argparse._SubParsersAction) -> None:
-    probe = commands.add_parser(
-        "probe", help="a frozen model's layers: linear probes per layer on a classification task, attention "
+    probe = _command(
+        commands, "probe", help="a frozen model's layers: linear probes per layer on a classification task, attention "
         "statistics and maps, cloze probing (masked LMs, T5); tables, JSON, arrays and PNGs", parents=[_AFTER],
     )
     probe.add_argument("--model_dir", required=True, help="a `ptmjax train` run or a `ptmjax convert` import")
@@ -168,8 +198,8 @@ def _add_probe_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_compile_parser(commands: argparse._SubParsersAction) -> None:
-    compile_ = commands.add_parser(
-        "compile", help="compile the training step for a TPU topology on this host (no TPU needed): "
+    compile_ = _command(
+        commands, "compile", help="compile the training step for a TPU topology on this host (no TPU needed): "
         "memory per device against HBM, XLA and model FLOPs", parents=[_AFTER],
     )
     compile_.add_argument(
@@ -188,8 +218,8 @@ def _add_compile_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_convert_parser(commands: argparse._SubParsersAction) -> None:
-    convert = commands.add_parser(
-        "convert", help="import a Hugging Face checkpoint directory as a ptmjax model folder, or export one",
+    convert = _command(
+        commands, "convert", help="import a Hugging Face checkpoint directory as a ptmjax model folder, or export one",
         parents=[_AFTER],
     )
     source = convert.add_mutually_exclusive_group(required=True)
@@ -203,8 +233,8 @@ def _add_convert_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
-    inspect = commands.add_parser(
-        "inspect", help="table of a run's parameters: shapes, logical axes, sharding, bytes per device; "
+    inspect = _command(
+        commands, "inspect", help="table of a run's parameters: shapes, logical axes, sharding, bytes per device; "
         "reads the checkpoint's metadata only", parents=[_AFTER],
     )
     inspect.add_argument("model_dir", help="the --model_dir of a `ptmjax train` run")

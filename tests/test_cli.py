@@ -263,3 +263,20 @@ def test_the_commands_read_the_corpus_early_and_use_the_compilation_cache_as_the
         monkeypatch.setattr(f"ptmjax.tools.{module}.{name}", lambda args: ran.append(started[:]) or 0)
     assert cli.main(COMMAND_LINES[command]) == 0
     assert ran == [STARTED_BEFORE_RUNNING[command]]
+
+
+def test_every_command_s_help_ends_with_examples_that_parse_and_its_page(capsys):
+    """`ptmjax <command> --help` shows examples (each parses with that command's flags) and the docs/ page."""
+    import pathlib
+    import shlex
+
+    assert set(cli.EXAMPLES) == {"train", "eval", "infer", "probe", "compile", "convert", "inspect"}
+    for command, (examples, page) in cli.EXAMPLES.items():
+        assert (pathlib.Path(__file__).resolve().parents[1] / page).is_file(), page
+        for example in examples:
+            words = shlex.split(example.split("|")[-1], comments=True)
+            assert words[:2] == ["ptmjax", command], example
+            assert cli._parser().parse_args(words[1:]).command == command
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        assert capsys.readouterr().out.endswith(f"  {examples[-1]}\n\nmore: {page}\n")
