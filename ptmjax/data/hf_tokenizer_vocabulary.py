@@ -32,6 +32,7 @@ CONVENTIONAL_NAMES = {
     "eos": ("</s>", "<|endoftext|>", "[SEP]"),
     "unk": ("<unk>", "[UNK]"),
     "bos": ("<s>",),
+    "mask": ("[MASK]", "<mask>"),
 }
 
 
@@ -51,7 +52,7 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
         self._encoder = Tokenizer.from_str(self._json)  # one text as transformers encodes it: neither padded nor cut
         self._encoder.no_padding()
         self._encoder.no_truncation()
-        given = {"pad": pad_id, "eos": eos_id, "unk": unk_id, "bos": bos_id}
+        given = {"pad": pad_id, "eos": eos_id, "unk": unk_id, "bos": bos_id, "mask": None}
         self._ids = {role: given[role] if given[role] is not None else self._named_id(role) for role in given}
         super().__init__(extra_ids=0)
 
@@ -137,6 +138,16 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
         return self._ids["bos"]
 
     @property
+    def mask_id(self) -> int | None:
+        """The id of the tokenizer's mask token ([MASK], <mask>), if it has one."""
+        return self._ids["mask"]
+
+    def encode_with_template(self, s: str) -> list[int]:
+        """`s` with the special tokens the tokenizer's post-processor puts around one text ([CLS] ... [SEP],
+        <s> ... </s>), as transformers' tokenizer(s) gives it."""
+        return self._encoder.encode(s, add_special_tokens=True).ids
+
+    @property
     def _base_vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
@@ -182,7 +193,7 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
         return {"json": self._json, "ids": self._ids}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["json"], **{f"{role}_id": i for role, i in state["ids"].items()})
+        self.__init__(state["json"], **{f"{role}_id": i for role, i in state["ids"].items() if role != "mask"})
 
     def __str__(self) -> str:
         digest = hashlib.sha256(self._json.encode()).hexdigest()[:16]

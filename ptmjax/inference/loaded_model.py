@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import html
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -22,6 +21,7 @@ from ptmjax.decoding import DecodeConfig, DecodeOutput, GenerationIds
 from ptmjax.decoding.sharded import jit_predict
 from ptmjax.families.model_api import ModelApi, model_api
 from ptmjax.inference.rows import RowFormat
+from ptmjax.inference.summary_repr import SummaryRepr
 from ptmjax.inference.text import Inputs, check_texts, encode, fit_to_limit, until_eos
 
 DEFAULT_BATCH_SIZE = 8
@@ -38,8 +38,8 @@ class Prediction:
     tokens: tuple[tuple[int, ...], ...]
 
 
-@dataclasses.dataclass(eq=False)
-class LoadedModel:
+@dataclasses.dataclass(eq=False, repr=False)
+class LoadedModel(SummaryRepr):
     """A model ready to generate and score.
 
     module: the Flax module; params: its parameters, laid out on `mesh` by `rules`;
@@ -238,9 +238,6 @@ class LoadedModel:
     def summary(self) -> dict[str, str]:
         """What `_repr_html_` shows: model, parameters, vocabulary, generation ids, mesh, source."""
         ids = ", ".join(f"{k}={v}" for k, v in self.generation_ids.to_hf().items())
-        devices = self.mesh.devices.size
-        axes = ", ".join(f"{axis}={size}" for axis, size in self.mesh.shape.items() if size > 1)
-        mesh = f"{axes} ({devices} devices)" if axes else "1 device"
         family = self.api.family.kind.value
         rows = "causal (Hugging Face)" if self.row_format.causal else self.api.family.feature_converter.__name__
         return {
@@ -249,20 +246,9 @@ class LoadedModel:
             "vocabulary": f"{type(self.vocabulary).__name__}, {self.vocabulary.vocab_size:,} ids",
             "generation ids": ids,
             "rows": rows,
-            "mesh": mesh,
+            "mesh": self.mesh_summary(),
             "source": self.source,
         }
-
-    def __repr__(self) -> str:
-        return "LoadedModel(" + ", ".join(f"{k}: {v}" for k, v in self.summary().items()) + ")"
-
-    def _repr_html_(self) -> str:
-        cell = 'style="text-align:left"'
-        body = "".join(
-            f"<tr><th {cell}>{html.escape(k)}</th><td {cell}>{html.escape(v)}</td></tr>"
-            for k, v in self.summary().items()
-        )
-        return f"<table><caption>{html.escape(type(self.module).__name__)}</caption><tbody>{body}</tbody></table>"
 
 
 def _is_ids(value: Any) -> bool:

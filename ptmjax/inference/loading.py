@@ -1,4 +1,5 @@
-"""`ptmjax.load(path)`: a run folder, an imported model folder or a Hugging Face folder -> `LoadedModel`.
+"""`ptmjax.load(path)`: a run folder, an imported model folder or a Hugging Face folder -> `LoadedModel` (a
+model that generates) or `LoadedEncoder` (an encoder: hidden states, embeddings, masked-token predictions).
 
 The default mesh is data parallel over all devices (MeshConfig(data=-1)):
 every device holds the whole model and decodes its share of each batch's
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
 
 import jax
 import seqio
@@ -26,7 +26,9 @@ from jax.sharding import Mesh
 
 from ptmjax import partitioning
 from ptmjax.decoding.generation_ids import GenerationIds
-from ptmjax.families.model_api import model_api
+from ptmjax.families.family import Kind
+from ptmjax.families.model_api import ModelApi, model_api
+from ptmjax.inference.loaded_encoder import LoadedEncoder
 from ptmjax.inference.loaded_model import DEFAULT_BATCH_SIZE, LoadedModel
 from ptmjax.inference.rows import RowFormat
 from ptmjax.storage.model_dir import CONFIG_FILE, ModelDir
@@ -38,7 +40,7 @@ MODEL_MAX_LENGTH_UNSET = 10**8  # transformers writes int(1e30) for a tokenizer 
 def load(
     path: str, step: int | None = None, mesh: Mesh | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
     max_input_length: int | None = None,
-) -> LoadedModel:
+) -> LoadedModel | LoadedEncoder:
     """The model at `path` with its parameters (checkpoint `step`, default the newest) on `mesh`.
 
     max_input_length: the most ids an input may have (see `input_limit` for the default); a longer one is an
@@ -83,24 +85,29 @@ def input_limit(model: LoadedModel, tokenizer_path: str) -> tuple[int | None, st
     return None, ""
 
 
-def _load_model_dir(folder: ModelDir, step: int | None, mesh: Mesh, batch_size: int) -> LoadedModel:
+def _load_model_dir(folder: ModelDir, step: int | None, mesh: Mesh, batch_size: int) -> LoadedModel | LoadedEncoder:
     from ptmjax import gin_files
     from ptmjax.data import pipeline
 
     model, mesh_config = gin_files.read_model_config(folder)
-    api = _generative_api(model, folder.path)
-    vocabulary, ids = gin_files.folder_vocabulary(folder), gin_files.folder_generation_ids(folder)
+    api = model_api(model)
+    _check_served(api, folder.path)
+    vocabulary = gin_files.folder_vocabulary(folder)
     with jax.set_mesh(mesh):
         shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, mesh_config.rules)
     params = folder.read_params(api.abstract_params, shardings, folder.checkpoint_step(step))
     source = f"{folder.path} (step {folder.checkpoint_step(step)})"
     bindings = gin_files.read_train_bindings(folder)
+    task = bindings.get("mixture_or_task_name")
+    task_name = getattr(task, "name", task)
+    if _is_encoder(api):
+        return LoadedEncoder(model, params, vocabulary, mesh, mesh_config.rules, source, batch_size, task_name,
+                             bindings.get("task_feature_lengths"))
+    ids = gin_files.folder_generation_ids(folder)
     if os.path.isfile(folder.generation_path):  # an import (or a run from one): text as its tokenizer encodes it
         return LoadedModel(model, params, vocabulary, ids, mesh, mesh_config.rules,
                            _hf_row_format(model, ids, vocabulary), source, batch_size,
                            task_feature_lengths=bindings.get("task_feature_lengths"))
-    task = bindings.get("mixture_or_task_name")
-    task_name = getattr(task, "name", task)
     inputs = pipeline.get_task_or_mixture(task_name).output_features.get("inputs") if task_name else None
     row_format = RowFormat(
         api.family, vocabulary.eos_id, add_eos=True if inputs is None else inputs.add_eos,
@@ -110,19 +117,24 @@ def _load_model_dir(folder: ModelDir, step: int | None, mesh: Mesh, batch_size: 
                        task_name, bindings.get("task_feature_lengths"))
 
 
-def _load_hf_dir(path: str, mesh: Mesh, batch_size: int) -> LoadedModel:
+def _load_hf_dir(path: str, mesh: Mesh, batch_size: int) -> LoadedModel | LoadedEncoder:
     from ptmjax.convert import hf
     from ptmjax.data import tokenizer_dir
 
     model, numpy_params = hf.load(path)
-    api = _generative_api(model, path)
-    vocabulary, ids = tokenizer_dir.read_vocabulary(path), GenerationIds.from_hf_dir(path)
+    api = model_api(model)
+    _check_served(api, path)
+    vocabulary = tokenizer_dir.read_vocabulary(path)
     rules = partitioning.DEFAULT_RULES
     with jax.set_mesh(mesh):
         shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, rules)
     params = jax.device_put(numpy_params, shardings)
-    return LoadedModel(model, params, vocabulary, ids, mesh, rules, _hf_row_format(model, ids, vocabulary),
-                       f"{path} (Hugging Face)", batch_size)
+    source = f"{path} (Hugging Face)"
+    if _is_encoder(api):
+        return LoadedEncoder(model, params, vocabulary, mesh, rules, source, batch_size)
+    ids = GenerationIds.from_hf_dir(path)
+    return LoadedModel(model, params, vocabulary, ids, mesh, rules, _hf_row_format(model, ids, vocabulary), source,
+                       batch_size)
 
 
 def _hf_row_format(model: nn.Module, ids: GenerationIds, vocabulary: seqio.Vocabulary) -> RowFormat:
@@ -134,11 +146,15 @@ def _hf_row_format(model: nn.Module, ids: GenerationIds, vocabulary: seqio.Vocab
     return RowFormat(family, eos, bos_id=ids.bos_token_id, decoder_start_id=ids.decoder_start_token_id or 0)
 
 
-def _generative_api(model: nn.Module, path: str) -> Any:
-    api = model_api(model)
-    if api.family.predict is None:
+def _is_encoder(api: ModelApi) -> bool:
+    """Whether the model is an encoder whose hidden states LoadedEncoder reads (its family's probed stack)."""
+    return api.family.kind is Kind.ENCODER and api.family.probed_stack is not None
+
+
+def _check_served(api: ModelApi, path: str) -> None:
+    if api.family.predict is None and not _is_encoder(api):
         raise ValueError(
-            f"{path} holds a {type(model).__name__}, which does not generate text; ptmjax.load serves encoder-decoders "
-            "(T5, BART) and decoder-only models (GPT-2)"
+            f"{path} holds a {type(api.module).__name__}, which neither generates text nor is an encoder with hidden "
+            "states to read; ptmjax.load serves encoder-decoders (T5, BART), decoder-only models (GPT-2) and "
+            "encoders (BERT, RoBERTa, ALBERT, ELECTRA)"
         )
-    return api

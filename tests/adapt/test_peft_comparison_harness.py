@@ -13,12 +13,27 @@ import pytest
 RUN = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "peft_comparison" / "run.py"
 
 
-@pytest.mark.slow  # 28 training processes, about 12 minutes on 2 cores
-def test_the_smoke_setting_runs_every_method_and_counts_its_trainable_parameters(tmp_path, monkeypatch):
+def load_run(monkeypatch):
     spec = importlib.util.spec_from_file_location("peft_comparison_run", RUN)
     run = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, run)  # its dataclasses look their module up while it runs
     spec.loader.exec_module(run)
+    return run
+
+
+def test_the_readme_table_is_the_one_the_committed_results_give(monkeypatch):
+    """The README states each figure as results_reduced.json holds it: its table is rewritten from that file."""
+    run = load_run(monkeypatch)
+    results = json.loads((RUN.parent / "results_reduced.json").read_text())
+    readme = (RUN.parent / "README.md").read_text()
+    assert run.with_marked_section(readme, "results", run.summary(results)) == readme
+    assert len(results["tasks"]) == 2 and all(len(rows["full fine-tuning"]["test_by_seed"]) == 3
+                                              for rows in results["tasks"].values())
+
+
+@pytest.mark.slow  # 28 training processes, about 12 minutes on 2 cores
+def test_the_smoke_setting_runs_every_method_and_counts_its_trainable_parameters(tmp_path, monkeypatch):
+    run = load_run(monkeypatch)
     monkeypatch.setattr(run, "RUNS_DIR", tmp_path)
     setting = run.SETTINGS["smoke"]
     results = run.compare(setting)

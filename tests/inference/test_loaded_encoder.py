@@ -1,0 +1,105 @@
+"""`ptmjax.load` of an encoder folder: hidden states, pooled embeddings and masked-token predictions of texts of
+unequal lengths, against transformers on each text alone (BERT with a WordPiece tokenizer, RoBERTa with a
+byte-level BPE whose pad id is 1, and a BertModel folder without its head)."""
+
+import json
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+import ptmjax
+from ptmjax.data import corpus
+from ptmjax.inference import LoadedEncoder
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["Return the sum of a and b, or raise ValueError when either is negative.", "Open a file.", "x"]
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+
+
+def paragraphs() -> list[str]:
+    return [p for d in corpus.stdlib_docstrings("train") for p in d.split("\n\n") if p.strip()][:300]
+
+
+def trained(model, trainer, pre_tokenizer) -> dict:
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.train_from_iterator(paragraphs(), trainer)
+    return json.loads(tokenizer.to_str())["model"]
+
+
+@pytest.fixture(scope="module", params=["BertForMaskedLM", "RobertaForMaskedLM", "BertModel"])
+def encoder_dir(request, tmp_path_factory):
+    """(folder, the transformers model saved there, its tokenizer)."""
+    path = tmp_path_factory.mktemp(request.param)
+    if request.param.startswith("Roberta"):
+        bpe = trained(models.BPE(), trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()), pre_tokenizers.ByteLevel())
+        tokenizer = transformers.RobertaTokenizer(vocab=bpe["vocab"], merges=[tuple(m) for m in bpe["merges"]])
+        config = transformers.RobertaConfig(vocab_size=len(tokenizer), max_position_embeddings=66, **SIZES)
+    else:
+        vocab = trained(models.WordPiece(unk_token="[UNK]"), trainers.WordPieceTrainer(
+            vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]),
+            pre_tokenizers.BertPreTokenizer())["vocab"]
+        tokenizer = transformers.BertTokenizer(vocab=vocab)
+        config = transformers.BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64, **SIZES)
+    torch.manual_seed(0)
+    model = getattr(transformers, request.param)(config).eval()
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return path, model, tokenizer
+
+
+def reference_states(model, tokenizer, text):
+    """transformers' last hidden states [length, d] of `text` alone."""
+    with torch.no_grad():
+        output = model(**tokenizer(text, return_tensors="pt"), output_hidden_states=True)
+    return output.hidden_states[-1][0].numpy()
+
+
+def test_hidden_states_and_embeddings_equal_transformers_on_each_text_alone(encoder_dir):
+    path, model, tokenizer = encoder_dir
+    loaded = ptmjax.load(str(path))
+    assert isinstance(loaded, LoadedEncoder) and "LoadedEncoder(model: Bert" in repr(loaded)
+    assert loaded.tokenize(TEXTS) == tokenizer(TEXTS)["input_ids"]  # [CLS] ... [SEP] / <s> ... </s>
+    want = [reference_states(model, tokenizer, text) for text in TEXTS]
+    for got, expected in zip(loaded.hidden_states(TEXTS), want, strict=True):
+        np.testing.assert_allclose(got, expected, atol=2e-5)
+    np.testing.assert_allclose(loaded.embed(TEXTS), [h.mean(0) for h in want], atol=2e-5)
+    np.testing.assert_allclose(loaded.embed(TEXTS, pooling="cls"), [h[0] for h in want], atol=2e-5)
+    normalised = loaded.embed(TEXTS, pooling="max", normalize=True)
+    np.testing.assert_allclose(normalised, [h.max(0) / np.linalg.norm(h.max(0)) for h in want], atol=2e-5)
+
+
+def test_fill_mask_ranks_the_mask_positions_as_the_masked_lm_head_does(encoder_dir):
+    path, model, tokenizer = encoder_dir
+    loaded = ptmjax.load(str(path))
+    mask = tokenizer.mask_token
+    texts = [f"Return the {mask} of a and b.", f"Open a {mask} and {mask} it."]
+    if not hasattr(model, "lm_head") and not hasattr(model, "cls"):  # a base model: its import's head is fresh
+        assert len(loaded.fill_mask(texts)[1]) == 2
+        return
+    got = loaded.fill_mask(texts, top_k=3)
+    for text, answers in zip(texts, got, strict=True):
+        inputs = tokenizer(text, return_tensors="pt")
+        with torch.no_grad():
+            probabilities = torch.softmax(model(**inputs).logits[0], -1).numpy()
+        positions = np.flatnonzero(inputs["input_ids"][0].numpy() == tokenizer.mask_token_id)
+        assert len(answers) == len(positions)
+        for answer, position in zip(answers, positions, strict=True):
+            best = np.argsort(-probabilities[position])[:3]
+            assert [token for token, _ in answer] == [loaded.vocabulary.decode([int(t)]) for t in best]
+            np.testing.assert_allclose([p for _, p in answer], probabilities[position][best], atol=1e-5)
+
+
+def test_bad_inputs_name_the_fix(encoder_dir):
+    loaded = ptmjax.load(str(encoder_dir[0]))
+    with pytest.raises(ValueError, match="pooling='sum' is unknown; use one of mean, cls, max"):
+        loaded.embed(TEXTS, pooling="sum")
+    with pytest.raises(ValueError, match="holds no mask token"):
+        loaded.fill_mask(["no mask here"])
+    with pytest.raises(ValueError, match="more than the 64 this model takes"):
+        loaded.embed([" ".join(["word"] * 100)])
