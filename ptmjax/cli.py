@@ -155,6 +155,9 @@ def _add_infer_parser(commands: argparse._SubParsersAction) -> None:
     infer.add_argument("--model_dir", required=True, help="a `ptmjax train` run, an imported model or a Hugging Face "
                        "folder")
     infer.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    infer.add_argument("--embed", action="store_true",
+                       help="an encoder's embedding of each input (pooled as a sentence-transformers folder says, "
+                       "else the mean) instead of a decode")
     infer.add_argument("--task", default=None, help="a registered seqio task or mixture to decode")
     infer.add_argument("--split", default="validation", help="with --task: the split (default: validation)")
     infer.add_argument(

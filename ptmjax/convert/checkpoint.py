@@ -3,8 +3,9 @@
 An imported model becomes an ordinary ptmjax model folder: `config.gin` binds
 `train.model` to the converted model (so `ptmjax inspect`, `train.init_checkpoint`
 and the export read it like any run's), `checkpoints/0/` holds its
-parameters, `tokenizer/` the directory's tokenizer files and `generation.json`
-its generation ids. Fine-tune it with `--gin_bindings="train.init_checkpoint = 'DIR'"`.
+parameters, `tokenizer/` the directory's tokenizer files, `generation.json`
+its generation ids, and a sentence-transformers folder's pooling files their own
+(data/sentence_pooling.py). Fine-tune it with `--gin_bindings="train.init_checkpoint = 'DIR'"`.
 An export writes the tokenizer and generation ids back: an import's as they
 came, a run's from its task's vocabulary.
 """
@@ -19,6 +20,7 @@ import flax.linen as nn
 from ptmjax import gin_files
 from ptmjax.adapt.lora_merge import without_lora
 from ptmjax.convert import hf, hf_tokenizer
+from ptmjax.data import sentence_pooling
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.model_api import model_api
 from ptmjax.layers import layer_stack
@@ -59,6 +61,7 @@ def import_hf(hf_dir: str, model_dir: str, overwrite: bool = False) -> str:
     with written_whole(model_dir) as staging:
         folder = ModelDir(staging)
         hf_tokenizer.copy_tokenizer_files(hf_dir, folder.tokenizer_path)
+        sentence_pooling.copy_pooling_files(hf_dir, staging)
         generation_ids.write(folder.generation_path)
         with open(folder.config_path, "w") as f:
             f.write(config)
@@ -87,6 +90,7 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None, overwrite: b
     trained = "mixture_or_task_name" in gin_files.read_train_bindings(folder)
     with written_whole(hf_dir) as staging:
         hf.save(model, params, staging, gin_files.folder_generation_ids(folder) if imported or trained else None)
+        sentence_pooling.copy_pooling_files(folder.path, staging)
         if os.path.isdir(folder.tokenizer_path):
             hf_tokenizer.copy_tokenizer_files(folder.tokenizer_path, staging)
         elif trained:

@@ -142,10 +142,17 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
         """The id of the tokenizer's mask token ([MASK], <mask>), if it has one."""
         return self._ids["mask"]
 
-    def encode_with_template(self, s: str) -> list[int]:
+    def encode_with_template(self, s: str, max_length: int | None = None) -> list[int]:
         """`s` with the special tokens the tokenizer's post-processor puts around one text ([CLS] ... [SEP],
-        <s> ... </s>), as transformers' tokenizer(s) gives it."""
-        return self._encoder.encode(s, add_special_tokens=True).ids
+        <s> ... </s>), as transformers' tokenizer(s) gives it; with `max_length`, the text is cut so that the
+        whole fits, special tokens kept (tokenizer(s, truncation=True, max_length=...))."""
+        if max_length is None:
+            return self._encoder.encode(s, add_special_tokens=True).ids
+        self._encoder.enable_truncation(max_length)
+        try:
+            return self._encoder.encode(s, add_special_tokens=True).ids
+        finally:
+            self._encoder.no_truncation()
 
     @property
     def _base_vocab_size(self) -> int:

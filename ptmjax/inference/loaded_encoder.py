@@ -25,6 +25,7 @@ from jax.sharding import Mesh
 
 from ptmjax import partitioning
 from ptmjax.data.fixed_batches import bucket_length, fixed_batches, round_up
+from ptmjax.data.sentence_pooling import SentencePooling
 from ptmjax.families.model_api import ModelApi, model_api
 from ptmjax.inference.loaded_model import DEFAULT_BATCH_SIZE
 from ptmjax.inference.summary_repr import SummaryRepr
@@ -48,6 +49,7 @@ class LoadedEncoder(SummaryRepr):
     task_feature_lengths: Mapping[str, int] | None = None
     max_input_length: int | None = None
     max_input_length_source: str = "max_input_length"
+    sentence_pooling: SentencePooling = SentencePooling()
     _jitted: dict[str, Callable[..., jax.Array]] = dataclasses.field(default_factory=dict, repr=False)
 
     @functools.cached_property
@@ -63,17 +65,22 @@ class LoadedEncoder(SummaryRepr):
         return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.params))
 
     def tokenize(self, texts: Inputs, *, truncate: bool = False) -> list[list[int]]:
-        """Each text's ids with the tokenizer's special tokens (see the module doc), within the input limit."""
-        if not isinstance(texts, str) and len(texts) and not isinstance(texts[0], str):
-            ids = [[int(i) for i in x] for x in texts]
-        else:
-            template = getattr(self.vocabulary, "encode_with_template", None)
-            eos = [self.vocabulary.eos_id]
-            ids = [template(t) if template else [int(i) for i in self.vocabulary.encode(t)] + eos
-                   for t in check_texts(texts)]
+        """Each text's ids with the tokenizer's special tokens (see the module doc), within the input limit: a
+        longer input is refused, or with `truncate` cut as transformers cuts it (special tokens kept)."""
         limits = [(self.max_input_length, self.max_input_length_source),
                   (self.config.max_sequence_length, f"{type(self.module).__name__}'s positions")]
-        return fit_to_limit(ids, *min((lim, why) for lim, why in limits if lim is not None), truncate)
+        limit, why = min((limit, why) for limit, why in limits if limit is not None)
+        if not isinstance(texts, str) and len(texts) and not isinstance(texts[0], str):
+            return fit_to_limit([[int(i) for i in x] for x in texts], limit, why, truncate)
+        texts = check_texts(texts)
+        template = getattr(self.vocabulary, "encode_with_template", None)
+        if template is None:
+            eos = [self.vocabulary.eos_id]
+            return fit_to_limit([[int(i) for i in self.vocabulary.encode(t)] + eos for t in texts], limit, why,
+                                truncate)
+        ids = [template(t) for t in texts]
+        fit_to_limit(ids, limit, why, truncate)  # refuses, or warns of the cut
+        return [x if len(x) <= limit else template(t, limit) for t, x in zip(texts, ids, strict=True)]
 
     def hidden_states(self, texts: Inputs, *, truncate: bool = False) -> list[np.ndarray]:
         """float32 [length, d_model] per text: the encoder's last hidden states at the text's positions."""
@@ -81,10 +88,13 @@ class LoadedEncoder(SummaryRepr):
         states = self._run("hidden", ids)
         return [row[: len(x)] for row, x in zip(states, ids, strict=True)]
 
-    def embed(self, texts: Inputs, *, pooling: str = "mean", normalize: bool = False,
+    def embed(self, texts: Inputs, *, pooling: str | None = None, normalize: bool | None = None,
               truncate: bool = False) -> np.ndarray:
         """float32 [n, d_model]: each text's hidden states pooled ('mean' over its tokens, special ones
-        included, as sentence-transformers; 'cls': the first; 'max'), L2-normalised if `normalize`."""
+        included, as sentence-transformers; 'cls': the first; 'max'), L2-normalised if `normalize`; None: as a
+        sentence-transformers folder says (`sentence_pooling`), else 'mean', not normalised."""
+        pooling = self.sentence_pooling.pooling if pooling is None else pooling
+        normalize = self.sentence_pooling.normalize if normalize is None else normalize
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r} is unknown; use one of {', '.join(POOLINGS)}")
         pool = {"mean": lambda h: h.mean(0), "cls": lambda h: h[0], "max": lambda h: h.max(0)}[pooling]

@@ -25,6 +25,7 @@ from flax import linen as nn
 from jax.sharding import Mesh
 
 from ptmjax import partitioning
+from ptmjax.data import sentence_pooling
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.family import Kind
 from ptmjax.families.model_api import ModelApi, model_api
@@ -70,11 +71,15 @@ def load(
     return dataclasses.replace(loaded, max_input_length=limit, max_input_length_source=why)
 
 
-def input_limit(model: LoadedModel, tokenizer_path: str) -> tuple[int | None, str]:
-    """The most ids an input may have, and why: for an encoder-decoder run, the inputs length it trained on;
-    else the model_max_length of its Hugging Face tokenizer files, if they set one; else none (None, '')."""
+def input_limit(model: LoadedModel | LoadedEncoder, tokenizer_path: str) -> tuple[int | None, str]:
+    """The most ids an input may have, and why: a sentence-transformers folder's max_seq_length; for an
+    encoder-decoder run, the inputs length it trained on; else the model_max_length of its Hugging Face tokenizer
+    files, if they set one; else none (None, '')."""
     from ptmjax.data import tokenizer_dir
 
+    sentence_length = getattr(getattr(model, "sentence_pooling", None), "max_seq_length", None)
+    if sentence_length is not None:
+        return int(sentence_length), "its sentence_bert_config.json's max_seq_length"
     trained = (model.task_feature_lengths or {}).get("inputs")
     if trained is not None and model.api.family.encoder_decoder:
         return int(trained), "the inputs length it trained on, train.task_feature_lengths['inputs']"
@@ -101,8 +106,9 @@ def _load_model_dir(folder: ModelDir, step: int | None, mesh: Mesh, batch_size: 
     task = bindings.get("mixture_or_task_name")
     task_name = getattr(task, "name", task)
     if _is_encoder(api):
-        return LoadedEncoder(model, params, vocabulary, mesh, mesh_config.rules, source, batch_size, task_name,
-                             bindings.get("task_feature_lengths"))
+        return _with_sentence_pooling(LoadedEncoder(model, params, vocabulary, mesh, mesh_config.rules, source,
+                                                    batch_size, task_name, bindings.get("task_feature_lengths")),
+                                      folder.path)
     ids = gin_files.folder_generation_ids(folder)
     if os.path.isfile(folder.generation_path):  # an import (or a run from one): text as its tokenizer encodes it
         return LoadedModel(model, params, vocabulary, ids, mesh, mesh_config.rules,
@@ -131,7 +137,7 @@ def _load_hf_dir(path: str, mesh: Mesh, batch_size: int) -> LoadedModel | Loaded
     params = jax.device_put(numpy_params, shardings)
     source = f"{path} (Hugging Face)"
     if _is_encoder(api):
-        return LoadedEncoder(model, params, vocabulary, mesh, rules, source, batch_size)
+        return _with_sentence_pooling(LoadedEncoder(model, params, vocabulary, mesh, rules, source, batch_size), path)
     ids = GenerationIds.from_hf_dir(path)
     return LoadedModel(model, params, vocabulary, ids, mesh, rules, _hf_row_format(model, ids, vocabulary), source,
                        batch_size)
@@ -144,6 +150,12 @@ def _hf_row_format(model: nn.Module, ids: GenerationIds, vocabulary: seqio.Vocab
     if family.decoder_only:
         return RowFormat(family, eos, add_eos=False, causal=True)
     return RowFormat(family, eos, bos_id=ids.bos_token_id, decoder_start_id=ids.decoder_start_token_id or 0)
+
+
+def _with_sentence_pooling(encoder: LoadedEncoder, folder: str) -> LoadedEncoder:
+    """`encoder` embedding as the folder's sentence-transformers files say, if it has them."""
+    pooling = sentence_pooling.read_pooling(folder)
+    return encoder if pooling is None else dataclasses.replace(encoder, sentence_pooling=pooling)
 
 
 def _is_encoder(api: ModelApi) -> bool:

@@ -1,9 +1,12 @@
-"""`ptmjax infer`: decode a text file's lines or a seqio task's split with a model folder, into JSONL.
+"""`ptmjax infer`: decode a text file's lines or a seqio task's split with a model folder, into JSONL; or, with
+--embed and an encoder, embed them.
 
 Each line of the output: {"inputs", "targets" (a task's, else absent), "prediction", "score"}; with
-num_decodes > 1, prediction and score are lists, best first. The output is written to a temporary
-file beside it and renamed at the end, so a failed run leaves any earlier output as it was. Interrupted
-(Ctrl-C, SIGTERM), the predictions made are kept as out.partial.jsonl, which `--resume` continues.
+num_decodes > 1, prediction and score are lists, best first. With --embed: {"inputs", "embedding"}, pooled
+as the folder says (a sentence-transformers folder's pooling, else the mean; LoadedEncoder.embed). The
+output is written to a temporary file beside it and renamed at the end, so a failed run leaves any earlier
+output as it was. Interrupted (Ctrl-C, SIGTERM), the records made are kept as out.partial.jsonl, which
+`--resume` continues.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ptmjax.inference import LoadedModel, load
+from ptmjax.inference import LoadedEncoder, LoadedModel, load
 from ptmjax.storage.written_whole import file_written_whole
 from ptmjax.tools.decode_flags import decode_config
 
@@ -146,6 +149,31 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def decoded(model: LoadedModel, examples: Sequence[Example], config: Any, args: argparse.Namespace
+            ) -> Iterator[list[tuple[dict[str, Any], int]]]:
+    """Per batch: each example's record and the tokens generated for it."""
+    if not examples:
+        return
+    inputs = [e.ids for e in examples] if examples[0].ids else [e.inputs for e in examples]
+    several, done = config.num_decodes > 1, 0
+    for batch in model.iter_predict(inputs, config, seed=args.seed, truncate=args.truncate_inputs):
+        yield [(record(examples[done + i], prediction, several), sum(len(t) for t in prediction.tokens))
+               for i, prediction in enumerate(batch)]
+        done += len(batch)
+
+
+def embedded(model: LoadedEncoder, examples: Sequence[Example], args: argparse.Namespace
+             ) -> Iterator[list[tuple[dict[str, Any], int]]]:
+    """Per batch: each example's record {"inputs", "embedding"} and the tokens it was read as."""
+    for start in range(0, len(examples), model.batch_size):
+        chunk = examples[start : start + model.batch_size]
+        ids = model.tokenize([e.ids for e in chunk] if chunk[0].ids else [e.inputs for e in chunk],
+                             truncate=args.truncate_inputs)
+        vectors = model.embed(ids)
+        yield [({"inputs": e.inputs, "embedding": v.tolist()}, len(x)) for e, v, x in zip(chunk, vectors, ids,
+                                                                                          strict=True)]
+
+
 def run(args: argparse.Namespace) -> int:
     """`ptmjax infer` (see ptmjax/cli.py's _add_infer_parser for the flags)."""
     from tqdm import tqdm
@@ -155,42 +183,44 @@ def run(args: argparse.Namespace) -> int:
     path = output_path(args)
     examples = read_lines(args.input_file) if args.input_file else None
     model = load(args.model_dir, step=args.step, batch_size=args.batch_size, max_input_length=args.max_input_length)
-    config = decode_config(args)
+    if args.embed != isinstance(model, LoadedEncoder):
+        raise ValueError(f"{args.model_dir} holds a {type(model.module).__name__}: "
+                         + ("--embed needs an encoder (BERT, RoBERTa, ALBERT, ELECTRA)" if args.embed else
+                            "an encoder embeds texts rather than decoding them; pass --embed"))
+    config = None if args.embed else decode_config(args)
     if examples is None:
         examples = task_examples(model, args.task, args.split, args.max_examples, args.task_feature_lengths)
     examples = examples[: args.max_examples]
-    inputs: Sequence[Any] = [e.ids for e in examples] if examples[0].ids else [e.inputs for e in examples]
     kept = resumed_records(path, examples) if args.resume else []
-    remaining = inputs[len(kept):]
-    batches = model.iter_predict(remaining, config, seed=args.seed, truncate=args.truncate_inputs) if remaining \
-        else iter(())
-    several = config.num_decodes > 1
-    start, tokens, done = time.perf_counter(), 0, len(kept)
-    scores = [r["score"][0] if several else r["score"] for r in kept]
+    todo = examples[len(kept):]
+    batches = embedded(model, todo, args) if args.embed else decoded(model, todo, config, args)
+    start, tokens, records = time.perf_counter(), 0, list(kept)
     try:
         with sigterm_as_interrupt(), file_written_whole(path, partial_path(path)) as f, \
-                tqdm(total=len(examples), initial=done, unit="ex", dynamic_ncols=True) as bar:
+                tqdm(total=len(examples), initial=len(kept), unit="ex", dynamic_ncols=True) as bar:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
             for batch in batches:
-                for prediction in batch:
-                    f.write(json.dumps(record(examples[done], prediction, several), ensure_ascii=False) + "\n")
-                    tokens += sum(len(t) for t in prediction.tokens)
-                    scores.append(prediction.scores[0])
-                    done += 1
+                for fields, count in batch:
+                    f.write(json.dumps(fields, ensure_ascii=False) + "\n")
+                    records.append(fields)
+                    tokens += count
                 f.flush()
                 elapsed = time.perf_counter() - start
                 bar.update(len(batch))
-                bar.set_postfix(ex_s=f"{(done - len(kept)) / elapsed:.1f}", tok_s=f"{tokens / elapsed:.0f}")
+                bar.set_postfix(ex_s=f"{(len(records) - len(kept)) / elapsed:.1f}", tok_s=f"{tokens / elapsed:.0f}")
     except KeyboardInterrupt:
-        print(f"ptmjax infer: interrupted after {done} of {len(examples)} examples; kept their predictions in "
-              f"{partial_path(path)}; rerun the same command with --resume to decode the other "
-              f"{len(examples) - done}", file=sys.stderr)
+        print(f"ptmjax infer: interrupted after {len(records)} of {len(examples)} examples; kept their predictions "
+              f"in {partial_path(path)}; rerun the same command with --resume to decode the other "
+              f"{len(examples) - len(records)}", file=sys.stderr)
         return 130
     with contextlib.suppress(FileNotFoundError):
         os.remove(partial_path(path))
-    elapsed = time.perf_counter() - start
-    print(f"Decoded {done - len(kept)} examples ({config.method}, max_decode_length={config.max_decode_length}) in "
-          f"{elapsed:.1f} s: {(done - len(kept)) / elapsed:.1f} examples/s, {tokens / elapsed:.0f} tokens/s")
-    print(f"  mean score: {sum(scores) / len(scores):.4f}" + (f" (with the {len(kept)} resumed)" if kept else ""))
-    print(f"  predictions: {os.path.abspath(path)}")
+    made, elapsed = len(records) - len(kept), time.perf_counter() - start
+    how = f"Embedded {made} examples" if args.embed else \
+        f"Decoded {made} examples ({config.method}, max_decode_length={config.max_decode_length})"
+    print(f"{how} in {elapsed:.1f} s: {made / elapsed:.1f} examples/s, {tokens / elapsed:.0f} tokens/s")
+    if not args.embed:
+        scores = [r["score"][0] if isinstance(r["score"], list) else r["score"] for r in records]
+        print(f"  mean score: {sum(scores) / len(scores):.4f}" + (f" (with the {len(kept)} resumed)" if kept else ""))
+    print(f"  {'embeddings' if args.embed else 'predictions'}: {os.path.abspath(path)}")
     return 0

@@ -103,3 +103,67 @@ def test_bad_inputs_name_the_fix(encoder_dir):
         loaded.fill_mask(["no mask here"])
     with pytest.raises(ValueError, match="more than the 64 this model takes"):
         loaded.embed([" ".join(["word"] * 100)])
+
+
+@pytest.fixture(scope="module")
+def sentence_transformers_dir(tmp_path_factory):
+    """A sentence-transformers folder as that library saves one: a BertModel with its tokenizer, modules.json,
+    1_Pooling/config.json (mean), 2_Normalize/ and sentence_bert_config.json (max_seq_length 16)."""
+    path = tmp_path_factory.mktemp("sentence_transformer")
+    vocab = trained(models.WordPiece(unk_token="[UNK]"), trainers.WordPieceTrainer(
+        vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]),
+        pre_tokenizers.BertPreTokenizer())["vocab"]
+    tokenizer = transformers.BertTokenizer(vocab=vocab)
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64,
+                                                           **SIZES)).eval()
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 32, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}))
+    (path / "2_Normalize").mkdir()
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16, "do_lower_case": False}))
+    return path, model, tokenizer
+
+
+def sentence_transformers_encode(model, tokenizer, texts):
+    """sentence-transformers' encode, computed in transformers: each text cut to 16 tokens, the masked mean of
+    the last hidden states, L2-normalised."""
+    vectors = []
+    with torch.no_grad():
+        for text in texts:
+            states = model(**tokenizer(text, return_tensors="pt", truncation=True, max_length=16)).last_hidden_state
+            vectors.append(torch.nn.functional.normalize(states[0].mean(0), dim=0).numpy())
+    return np.stack(vectors)
+
+
+def test_a_sentence_transformers_folder_embeds_as_sentence_transformers_through_import_export_and_infer(
+        sentence_transformers_dir, tmp_path, capsys):
+    from ptmjax import cli
+
+    path, model, tokenizer = sentence_transformers_dir
+    texts = [*TEXTS, " ".join(["word"] * 40)]  # the last is cut to 16 tokens, as sentence-transformers cuts it
+    want = sentence_transformers_encode(model, tokenizer, texts)
+    loaded = ptmjax.load(str(path))
+    assert (loaded.sentence_pooling.pooling, loaded.sentence_pooling.normalize) == ("mean", True)
+    np.testing.assert_allclose(loaded.embed(texts, truncate=True), want, atol=2e-5)
+    imported, exported = tmp_path / "imported", tmp_path / "exported"
+    assert cli.main(["convert", "--from-hf", str(path), "--to", str(imported)]) == 0
+    np.testing.assert_allclose(ptmjax.load(str(imported)).embed(texts, truncate=True), want, atol=2e-5)
+    assert cli.main(["convert", "--from", str(imported), "--to-hf", str(exported)]) == 0
+    assert (exported / "1_Pooling" / "config.json").read_text() == (path / "1_Pooling" / "config.json").read_text()
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    assert cli.main(["infer", "--model_dir", str(imported), "--input_file", str(tmp_path / "texts.txt"), "--embed",
+                     "--truncate_inputs"]) == 0
+    records = [json.loads(line) for line in (imported / "inference" / "texts.jsonl").read_text().splitlines()]
+    assert [r["inputs"] for r in records] == texts
+    np.testing.assert_allclose([r["embedding"] for r in records], want, atol=2e-5)
+    assert cli.main(["infer", "--model_dir", str(imported), "--input_file", str(tmp_path / "texts.txt"),
+                     "--output", str(tmp_path / "other.jsonl")]) == 1
+    assert "an encoder embeds texts rather than decoding them; pass --embed" in capsys.readouterr().err
