@@ -12,7 +12,6 @@ the model's pad id, their length rounded up to a power of two so that few shapes
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,16 +25,15 @@ from jax.sharding import Mesh
 from ptmjax import partitioning
 from ptmjax.data.fixed_batches import bucket_length, fixed_batches, round_up
 from ptmjax.data.sentence_pooling import SentencePooling
-from ptmjax.families.model_api import ModelApi, model_api
+from ptmjax.inference.loaded_base import Loaded
 from ptmjax.inference.loaded_model import DEFAULT_BATCH_SIZE
-from ptmjax.inference.summary_repr import SummaryRepr
 from ptmjax.inference.text import Inputs, check_texts, fit_to_limit
 
 POOLINGS = ("mean", "cls", "max")  # sentence-transformers' pooling modes
 
 
 @dataclasses.dataclass(eq=False, repr=False)
-class LoadedEncoder(SummaryRepr):
+class LoadedEncoder(Loaded):
     """An encoder ready to embed texts (fields as LoadedModel's; the encoder has no generation ids)."""
 
     module: nn.Module
@@ -51,18 +49,6 @@ class LoadedEncoder(SummaryRepr):
     max_input_length_source: str = "max_input_length"
     sentence_pooling: SentencePooling = SentencePooling()
     _jitted: dict[str, Callable[..., jax.Array]] = dataclasses.field(default_factory=dict, repr=False)
-
-    @functools.cached_property
-    def api(self) -> ModelApi:
-        return model_api(self.module)
-
-    @property
-    def config(self) -> Any:
-        return self.module.config
-
-    @property
-    def num_params(self) -> int:
-        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.params))
 
     def tokenize(self, texts: Inputs, *, truncate: bool = False) -> list[list[int]]:
         """Each text's ids with the tokenizer's special tokens (see the module doc), within the input limit: a

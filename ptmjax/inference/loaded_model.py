@@ -4,8 +4,6 @@ generating from and scoring texts (`ptmjax.load` makes one)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,9 +17,8 @@ from ptmjax import partitioning
 from ptmjax.data.fixed_batches import bucket_length, fixed_batches, round_up
 from ptmjax.decoding import DecodeConfig, DecodeOutput, GenerationIds
 from ptmjax.decoding.sharded import jit_predict
-from ptmjax.families.model_api import ModelApi, model_api
+from ptmjax.inference.loaded_base import Loaded
 from ptmjax.inference.rows import RowFormat
-from ptmjax.inference.summary_repr import SummaryRepr
 from ptmjax.inference.text import Inputs, check_texts, encode, fit_to_limit, until_eos
 
 DEFAULT_BATCH_SIZE = 8
@@ -39,7 +36,7 @@ class Prediction:
 
 
 @dataclasses.dataclass(eq=False, repr=False)
-class LoadedModel(SummaryRepr):
+class LoadedModel(Loaded):
     """A model ready to generate and score.
 
     module: the Flax module; params: its parameters, laid out on `mesh` by `rules`;
@@ -69,22 +66,8 @@ class LoadedModel(SummaryRepr):
     _scorer: Callable[..., jax.Array] | None = dataclasses.field(default=None, repr=False)
 
     @property
-    def config(self) -> Any:
-        """The model config (T5Config, GPT2Config, ...)."""
-        return self.module.config
-
-    @functools.cached_property
-    def api(self) -> ModelApi:
-        """The model API, kept: its abstract parameters are computed once for every decode config."""
-        return model_api(self.module)
-
-    @property
     def decoder_only(self) -> bool:
         return self.api.family.decoder_only
-
-    @property
-    def num_params(self) -> int:
-        return sum(math.prod(x.shape) for x in jax.tree.leaves(self.params))
 
     def decode_config(self, config: DecodeConfig | None = None, **overrides: Any) -> DecodeConfig:
         """`config` (default: DecodeConfig() with its gin bindings) with `overrides` replaced."""

@@ -151,27 +151,37 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def decoded(model: LoadedModel, examples: Sequence[Example], config: Any, args: argparse.Namespace
             ) -> Iterator[list[tuple[dict[str, Any], int]]]:
-    """Per batch: each example's record and the tokens generated for it."""
+    """Per batch: each example's record and the tokens generated for it. Bad inputs are refused here, before
+    the first batch is asked for."""
     if not examples:
-        return
+        return iter(())
     inputs = [e.ids for e in examples] if examples[0].ids else [e.inputs for e in examples]
-    several, done = config.num_decodes > 1, 0
-    for batch in model.iter_predict(inputs, config, seed=args.seed, truncate=args.truncate_inputs):
-        yield [(record(examples[done + i], prediction, several), sum(len(t) for t in prediction.tokens))
-               for i, prediction in enumerate(batch)]
-        done += len(batch)
+    batches = model.iter_predict(inputs, config, seed=args.seed, truncate=args.truncate_inputs)
+    several = config.num_decodes > 1
+
+    def records() -> Iterator[list[tuple[dict[str, Any], int]]]:
+        start = 0
+        for batch in batches:
+            yield [(record(examples[start + i], prediction, several), sum(len(t) for t in prediction.tokens))
+                   for i, prediction in enumerate(batch)]
+            start += len(batch)
+
+    return records()
 
 
 def embedded(model: LoadedEncoder, examples: Sequence[Example], args: argparse.Namespace
              ) -> Iterator[list[tuple[dict[str, Any], int]]]:
-    """Per batch: each example's record {"inputs", "embedding"} and the tokens it was read as."""
-    for start in range(0, len(examples), model.batch_size):
-        chunk = examples[start : start + model.batch_size]
-        ids = model.tokenize([e.ids for e in chunk] if chunk[0].ids else [e.inputs for e in chunk],
-                             truncate=args.truncate_inputs)
-        vectors = model.embed(ids)
-        yield [({"inputs": e.inputs, "embedding": v.tolist()}, len(x)) for e, v, x in zip(chunk, vectors, ids,
-                                                                                          strict=True)]
+    """Per batch: each example's record {"inputs", "embedding"} and the tokens it was read as. Bad inputs are
+    refused here, before the first batch is asked for."""
+    if not examples:
+        return iter(())
+    ids = model.tokenize([e.ids for e in examples] if examples[0].ids else [e.inputs for e in examples],
+                         truncate=args.truncate_inputs)
+    size = model.batch_size
+    return ([({"inputs": e.inputs, "embedding": v.tolist()}, len(x))
+             for e, v, x in zip(examples[start : start + size], model.embed(ids[start : start + size]),
+                                ids[start : start + size], strict=True)]
+            for start in range(0, len(examples), size))
 
 
 def run(args: argparse.Namespace) -> int:

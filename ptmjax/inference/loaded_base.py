@@ -1,12 +1,34 @@
-"""How a loaded model shows itself: `repr` and a notebook table (`_repr_html_`) of its `summary()`."""
+"""What a loaded model of either kind (LoadedModel, LoadedEncoder) has: its module's config and API, its
+parameter count, and how it shows itself: `repr` and a notebook table (`_repr_html_`) of its `summary()`."""
 
 from __future__ import annotations
 
+import functools
 import html
+import math
+from typing import Any
+
+import jax
+
+from ptmjax.families.model_api import ModelApi, model_api
 
 
-class SummaryRepr:
-    """Mixin for a class with `module`, `mesh` and `summary() -> {row: text}`."""
+class Loaded:
+    """Mixin for a dataclass with `module`, `params`, `mesh` and `summary() -> {row: text}`."""
+
+    @functools.cached_property
+    def api(self) -> ModelApi:
+        """The model API, kept: its abstract parameters are computed once."""
+        return model_api(self.module)
+
+    @property
+    def config(self) -> Any:
+        """The model config (T5Config, BertConfig, ...)."""
+        return self.module.config
+
+    @property
+    def num_params(self) -> int:
+        return sum(math.prod(x.shape) for x in jax.tree.leaves(self.params))
 
     def summary(self) -> dict[str, str]:
         raise NotImplementedError
