@@ -6,12 +6,16 @@ Run: python experiments/peft_comparison/run.py [--setting reduced|full|smoke]
 The backbone is the BERT demo model (`runs/bert_demo.gin`, pre-trained here on the embedded corpus). Each
 task is a head run file (`runs/bert_classify_demo.gin`, `runs/bert_tagging_demo.gin`, `runs/bert_qa_demo.gin`)
 started from it with `train.init_checkpoint`; a method is a few gin bindings on top (which parameters train,
-and the PEFT wrapper). Each method runs at its own peak learning rate times each of the setting's
-`lr_factors` (1 and 4), and the run with the best validation score is reported (all are in the JSON). Every
+and the PEFT wrapper). The first fine-tuning seed runs each method at its own peak learning rate times each
+of the setting's `lr_factors` (1 and 4); the rate with the better score on the development half of the
+validation split (its even-numbered examples) is the one the other seeds run at, and every run is scored on
+the held-out half (the odd-numbered ones), which chooses nothing: the mean over seeds is reported with a 95%
+bootstrap interval over the held-out examples (every run is in the JSON). Every
 run is its own `ptmjax train` process, so its peak resident memory (from `os.wait4`) and wall time are its
-own. Runs go under runs/peft_comparison/<setting>/<task>/<method>/lr_<lr>/ (git-ignored); a run with a
-result.json is reused, so an interrupted comparison continues. Outputs next to this script:
-results_<setting>.md, results_<setting>.json and peft_comparison_<setting>.png.
+own. Runs go under runs/peft_comparison/<setting>/<task>/<method>/lr_<lr>_seed<seed>/ (git-ignored); a run
+with a result.json is reused, so an interrupted comparison continues. Outputs next to this script:
+results_<setting>.md, results_<setting>.json and peft_comparison_<setting>.png; the reduced setting also
+rewrites the README's summary table (between its `<!-- results -->` markers).
 """
 
 from __future__ import annotations
@@ -165,12 +169,10 @@ def validation_outputs(model_dir: pathlib.Path, task: Task, eval_examples: int |
 
 def score(task: Task, outputs: dict[str, list[Any]], indices: Any) -> float:
     """The task's metric over the examples at `indices` of `outputs`."""
-    import seqio
-
+    import ptmjax.configurables  # noqa: F401  (registers the built-in tasks)
     from ptmjax.data import pipeline
 
-    pipeline.get_task_or_mixture(task.metric.split("/")[0])  # registers the task
-    metric_fns = seqio.get_mixture_or_task(task.metric.split("/")[0]).metric_fns
+    metric_fns = pipeline.get_task_or_mixture(task.metric.split("/")[0]).metric_fns
     targets, predictions = ([outputs[key][i] for i in indices] for key in ("targets", "predictions"))
     values = {}
     for metric_fn in metric_fns:
@@ -302,6 +304,33 @@ def table(setting: Setting, results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def summary(results: dict[str, Any]) -> str:
+    """One row per method: trainable share and each task's held-out score with its interval (the README's
+    table, between its `<!-- results -->` markers)."""
+    tasks = results["tasks"]
+    metrics = [TASKS[task].metric.split("/")[1] for task in tasks]
+    lines = ["| method | trainable | " + " | ".join(f"{task} ({metric})" for task, metric in zip(tasks, metrics,
+                                                                                              strict=True)) + " |",
+             "|---|---|" + "---|" * len(tasks)]
+    first = next(iter(tasks.values()))
+    for method, row in sorted(first.items(), key=lambda item: -item[1]["test_mean"]):
+        cells = []
+        for rows in tasks.values():
+            low, high = rows[method]["test_ci95"]
+            cells.append(f"{rows[method]['test_mean']:.1f} [{low:.1f}, {high:.1f}]")
+        lines.append(f"| {method} | {100 * row['trainable'] / row['total']:.1f}% | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def with_marked_section(text: str, marker: str, section: str) -> str:
+    """`text` with what lies between `<!-- marker -->` and `<!-- /marker -->` replaced by `section`."""
+    start, end = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
+    if start not in text or end not in text:
+        raise ValueError(f"no {start.strip()} ... {end} section to rewrite")
+    head, rest = text.split(start, 1)
+    return head + start + section + end + rest.split(end, 1)[1]
+
+
 def plot(results: dict[str, Any], path: pathlib.Path) -> None:
     import matplotlib
 
@@ -334,6 +363,9 @@ def main() -> None:
     (EXPERIMENT_DIR / f"results_{setting.name}.json").write_text(json.dumps(results, indent=1))
     (EXPERIMENT_DIR / f"results_{setting.name}.md").write_text(table(setting, results))
     plot(results, EXPERIMENT_DIR / f"peft_comparison_{setting.name}.png")
+    if setting.name == "reduced":  # the setting the README reports
+        readme = EXPERIMENT_DIR / "README.md"
+        readme.write_text(with_marked_section(readme.read_text(), "results", summary(results)))
     print(table(setting, results))
 
 
