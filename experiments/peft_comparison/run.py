@@ -97,14 +97,14 @@ class Setting:
     eval_examples: int | None  # None: the whole validation split
     lr_factors: tuple[float, ...] = (1, 4)  # the first seed runs at each method's rate times each; dev chooses
     seeds: tuple[int, ...] = (0, 1, 2)  # fine-tuning seeds (the head's initialisation, dropout, data order)
+    bootstrap_samples: int = 1000  # resamples of the held-out examples for each interval
 
 
 SETTINGS = {
     "reduced": Setting("reduced", 600, 300, 128, ("module classification", "code tagging"), None),
     "full": Setting("full", 3000, 1000, 128, tuple(TASKS), None, seeds=(0, 1, 2, 3, 4)),
-    "smoke": Setting("smoke", 4, 10, 32, tuple(TASKS), 8, (1,), (0,)),  # the harness end to end in minutes (a test)
+    "smoke": Setting("smoke", 4, 10, 32, tuple(TASKS), 8, (1,), (0,), 20),  # the harness end to end (a test)
 }
-BOOTSTRAP_SAMPLES = 1000
 
 
 def train(model_dir: pathlib.Path, gin_file: str, bindings: list[str]) -> dict[str, float]:
@@ -223,14 +223,14 @@ def chosen_and_seeds(setting: Setting, method_dir: pathlib.Path, backbone: pathl
         "test_at_each_lr": {f"{result['learning_rate']:g}": result["test"] for result in searched},
         "test_by_seed": dict(zip(map(str, setting.seeds), test, strict=True)),
         "test_mean": statistics.fmean(test),
-        "test_ci95": bootstrap_interval(task, [result["outputs"] for result in seeds]),
+        "test_ci95": bootstrap_interval(task, [result["outputs"] for result in seeds], setting.bootstrap_samples),
         "wall_s": statistics.median(result["wall_s"] for result in seeds),
         "peak_rss_mib": statistics.median(result["peak_rss_mib"] for result in seeds),
         "load_1min": max(max(result["load_1min"]) for result in seeds),
     }
 
 
-def bootstrap_interval(task: Task, outputs_by_seed: list[dict[str, list[Any]]]) -> list[float]:
+def bootstrap_interval(task: Task, outputs_by_seed: list[dict[str, list[Any]]], samples: int) -> list[float]:
     """The 95% percentile interval of the mean over seeds of the held-out score, the held-out examples resampled
     with replacement (the same resample for every seed): it covers the choice of examples, and the seeds only as
     far as they are averaged."""
@@ -239,7 +239,7 @@ def bootstrap_interval(task: Task, outputs_by_seed: list[dict[str, list[Any]]]) 
     test = np.asarray(halves(outputs_by_seed[0])["test"])
     rng = np.random.default_rng(0)
     means = [statistics.fmean(score(task, outputs, rng.choice(test, len(test))) for outputs in outputs_by_seed)
-             for _ in range(BOOTSTRAP_SAMPLES)]
+             for _ in range(samples)]
     return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
