@@ -31,7 +31,7 @@ def test_the_readme_table_is_the_one_the_committed_results_give(monkeypatch):
                                               for rows in results["tasks"].values())
 
 
-@pytest.mark.slow  # 28 training processes and their evaluations, about 17 minutes on 2 cores
+@pytest.mark.slow  # 28 training processes and their evaluations: 24.5 minutes on 2 cores
 @pytest.mark.timeout(2400)
 def test_the_smoke_setting_runs_every_method_and_counts_its_trainable_parameters(tmp_path, monkeypatch):
     run = load_run(monkeypatch)
