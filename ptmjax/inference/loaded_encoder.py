@@ -23,6 +23,7 @@ from flax import linen as nn
 from jax.sharding import Mesh
 
 from ptmjax import partitioning
+from ptmjax.adapt.probing.layer_features import padded_batch
 from ptmjax.data.fixed_batches import bucket_length, fixed_batches, round_up
 from ptmjax.data.sentence_pooling import SentencePooling
 from ptmjax.inference.loaded_base import Loaded
@@ -116,10 +117,7 @@ class LoadedEncoder(Loaded):
     def _run(self, what: str, ids: list[list[int]], blanks: np.ndarray | None = None) -> np.ndarray:
         """The jitted `what` ('hidden' states [n, length, d] or 'cloze' logits [n, vocab]) of padded rows."""
         stack = self.api.family.probed_stack(self.module)
-        length = bucket_length(max(map(len, ids)))
-        tokens = np.full((len(ids), length), stack.pad_id, np.int32)
-        for i, x in enumerate(ids):
-            tokens[i, : len(x)] = x
+        tokens, _ = padded_batch(ids, bucket_length(max(map(len, ids))), stack.pad_id)
         rows = {"tokens": tokens} if blanks is None else {"tokens": tokens, "blanks": blanks}
         size = round_up(min(self.batch_size, len(ids)), partitioning.data_parallel_size(self.mesh))
         function = self._function(what)
