@@ -158,8 +158,8 @@ def test_a_bad_binding_prints_one_line_and_no_start_up_noise():
 
 @pytest.mark.parametrize("args,env", [
     (["--traceback", "train", "--gin_file=runs/dmeo.gin"], {}),
-    (["train", "--gin_file=runs/dmeo.gin", "--traceback"], {}),
-    (["train", "--gin_file=runs/dmeo.gin"], {"PTMJAX_TRACEBACK": "1"}),
+    pytest.param(["train", "--gin_file=runs/dmeo.gin", "--traceback"], {}, marks=pytest.mark.slow),
+    pytest.param(["train", "--gin_file=runs/dmeo.gin"], {"PTMJAX_TRACEBACK": "1"}, marks=pytest.mark.slow),
 ])
 def test_traceback_on_request(args, env):
     result = run_cli(*args, **env)

@@ -29,6 +29,7 @@ def test_importing_ptmjax_prints_no_tensorflow_start_up_lines():
     assert "after import" in stderr  # stderr itself still works
 
 
+@pytest.mark.slow
 def test_a_users_log_level_zero_shows_them():
     assert "absl::InitializeLog()" in stderr_of_import(TF_CPP_MIN_LOG_LEVEL="0")
 
@@ -82,6 +83,7 @@ def test_the_command_line_imports_tensorflow_without_kerass_extras_which_import_
     assert report["dataset"] == [0, 2, 4]
 
 
+@pytest.mark.slow
 def test_a_library_import_leaves_kerass_integrations_as_they_are():
     report = imports_report("library")
     assert {"sklearn", "scipy"} <= set(report["with_tensorflow"]) and report["keras_sklearn"] is True

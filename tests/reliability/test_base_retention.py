@@ -21,6 +21,7 @@ def params_of(model_dir) -> dict[str, np.ndarray]:
     return dict(leaves_by_path(ModelDir(str(model_dir)).read_params(model_api(EncoderDecoder(CONFIG)).abstract_params)))
 
 
+@pytest.mark.slow
 def test_training_the_base_further_keeps_the_step_a_dependant_reads(tmp_path, capsys):
     base, lora = tmp_path / "base", tmp_path / "dependant"
     run(base, num_steps=4, keep_checkpoints=1)
@@ -49,6 +50,7 @@ def test_a_base_that_cannot_be_written_gets_a_warning_naming_what_to_keep(tmp_pa
     assert params_of(lora).keys() == params_of(base).keys()
 
 
+@pytest.mark.slow
 def test_a_base_step_gone_anyway_is_named_with_the_way_back(tmp_path):
     base, lora = tmp_path / "base", tmp_path / "dependant"
     run(base, num_steps=4)

@@ -30,6 +30,7 @@ def truncate_array_files(checkpoint_dir) -> None:
         os.truncate(path, min(os.path.getsize(path), 100))
 
 
+@pytest.mark.slow
 def test_damaged_newest_checkpoints_are_set_aside_and_the_run_resumes_from_the_last_good_one(tmp_path, capsys):
     run(tmp_path, num_steps=6)
     want = train_losses(tmp_path)

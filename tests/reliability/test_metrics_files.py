@@ -33,6 +33,7 @@ def test_a_bad_line_before_the_last_is_an_error_naming_file_and_line(tmp_path):
         MetricsLog(str(tmp_path)).records()
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_skips_a_torn_line_and_logs_each_replayed_step_once(tmp_path):
     run(tmp_path, num_steps=3)
     shutil.rmtree(tmp_path / "checkpoints" / "3")  # the crash came before step 3 was saved

@@ -74,6 +74,7 @@ def test_a_streak_stop_names_the_last_good_checkpoint_and_how_to_resume_from_it(
     assert saved_steps(tmp_path) == [2, 4]  # step 6, in the streak, was not saved
 
 
+@pytest.mark.slow
 def test_resume_step_resumes_an_older_checkpoint_bitwise_and_sets_the_newer_aside(tmp_path):
     reference = tmp_path / "reference"
     run(reference, num_steps=6, keep_checkpoints=3)

@@ -65,6 +65,7 @@ except CheckpointSaveError as error:
 """
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_up_at_a_save_ends_with_that_error_not_buried_in_tracebacks(tmp_path, mount):
     """Room for the first checkpoint, not the second. (Was: 1,216 lines, 220 of them 'Event loop is closed'.)"""
     model_dir = tmp_path / "filling"

@@ -64,6 +64,7 @@ def test_checkpoints_hold_the_trained_parameters_and_the_base_the_rest(whole, ba
             np.testing.assert_array_equal(value, base_params[path], err_msg=path)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, base, whole):
     run(tmp_path / "resumed", num_steps=2, init_checkpoint=str(base), trainable=DECODER)
     run(tmp_path / "resumed", num_steps=4, init_checkpoint=str(base), trainable=DECODER)

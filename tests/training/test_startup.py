@@ -113,6 +113,7 @@ def tiny_step_loss(prelude: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if line.startswith("LOSS")]
 
 
+@pytest.mark.slow
 def test_the_model_and_its_train_step_need_neither_tensorflow_nor_seqio():
     """So a GPU or TPU machine without TensorFlow benchmarks ptmjax as installed: only the data pipeline needs
     them. The step in a process where importing either fails gives the loss of one that has them, to the bit."""
