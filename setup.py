@@ -41,6 +41,8 @@ setuptools.setup(
         # The TPU runtime and compiler that jax 0.10.2's `jax[tpu]` extra pins; `ptmjax compile` needs only this
         # (no TPU) to compile for TPU topologies.
         "tpu": ["libtpu==0.0.42.*"],
+        # The documentation site (docs/documentation.md): Sphinx with MyST Markdown, the API reference by autodoc2.
+        "docs": ["sphinx>=9.0,<10", "myst-parser>=5.0,<6", "sphinx-autodoc2>=0.5,<0.6", "sphinx-book-theme>=1.4,<2"],
     },
     entry_points={"console_scripts": ["ptmjax=ptmjax.cli:main"]},
 )

@@ -8,7 +8,8 @@ devices, a gin file or binding gin cannot parse, see GinConfigError),
 FileNotFoundError / NotADirectoryError (a missing gin file, checkpoint or model
 folder) and gin's RuntimeError for a missing required binding. Anything else is
 a bug and keeps its traceback; `--traceback` (before or after the command) or
-PTMJAX_TRACEBACK=1 shows the traceback of every error.
+PTMJAX_TRACEBACK=1 shows the traceback of every error. The line ends with the page
+of docs/ that explains the error (ERROR_PAGES), or else the command (EXAMPLES).
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ EXAMPLES = {
     "convert": (["ptmjax convert --from-hf /path/to/hf_dir --to runs/imported",
                  "ptmjax convert --from runs/finetuned --to-hf /path/to/out"], "docs/models.md"),
     "inspect": (["ptmjax inspect runs/demo"], "docs/scale.md"),
+}
+# the name of an expected error's class -> the page of docs/ that explains it and what to do
+ERROR_PAGES = {
+    "NonFiniteError": "docs/reliability.md",
+    "DamagedCheckpointError": "docs/reliability.md",
+    "CheckpointMismatchError": "docs/reliability.md",
+    "CheckpointSaveError": "docs/reliability.md",
+    "RunDirInUse": "docs/reliability.md",
+    "FolderNotWritable": "docs/reliability.md",
 }
 
 
@@ -341,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         if args.traceback or os.environ.get("PTMJAX_TRACEBACK") == "1" or not is_expected(error):
             raise
-        print(f"ptmjax {args.command}: error: {one_line(error)}", file=sys.stderr)
+        print(f"ptmjax {args.command}: error: {one_line(error)} (see {error_page(error, args.command)})",
+              file=sys.stderr)
         return 1
 
 
@@ -349,6 +360,12 @@ def is_expected(error: Exception) -> bool:
     """Whether `error` is one a user can fix (see the module docstring), not a bug."""
     missing_binding = isinstance(error, RuntimeError) and str(error).startswith("Required bindings for")
     return isinstance(error, EXPECTED_ERRORS) or missing_binding
+
+
+def error_page(error: Exception, command: str) -> str:
+    """The page of docs/ for an expected error: its class's (ERROR_PAGES), else its command's."""
+    names = [cls.__name__ for cls in type(error).__mro__]
+    return next((ERROR_PAGES[name] for name in names if name in ERROR_PAGES), EXAMPLES[command][1])
 
 
 def one_line(error: Exception) -> str:

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -152,7 +153,7 @@ def test_a_bad_binding_prints_one_line_and_no_start_up_noise():
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         "ptmjax train: error: Configurable 'train' doesn't have a parameter named 'num_step' "
-        "(In bindings string line 1: train.num_step = 5); did you mean 'train.num_steps'?"
+        "(In bindings string line 1: train.num_step = 5); did you mean 'train.num_steps'? (see docs/training.md)"
     ]
 
 
@@ -172,7 +173,8 @@ def test_a_missing_checkpoint_is_one_line(tmp_path, capsys):
     assert cli.main(["inspect", str(tmp_path)]) == 1
     assert capsys.readouterr().err == (
         f"ptmjax inspect: error: no checkpoint under {tmp_path}/checkpoints; "
-        "pass the folder of a `ptmjax train` run that saved one, or of a `ptmjax convert --from-hf` import\n"
+        "pass the folder of a `ptmjax train` run that saved one, or of a `ptmjax convert --from-hf` import "
+        "(see docs/scale.md)\n"
     )
 
 
@@ -180,7 +182,7 @@ def test_a_mesh_that_does_not_fit_is_one_line(tmp_path, capsys):
     assert train_in_process("--gin_bindings=MeshConfig.data = 3", f"--model_dir={tmp_path}") == 1
     assert capsys.readouterr().err.splitlines() == [
         "ptmjax train: error: mesh {'data': 3, 'fsdp': 1, 'tensor': 1, 'expert': 1} has 3 devices but 8 are "
-        "available; set one axis to -1 or make the product match"
+        "available; set one axis to -1 or make the product match (see docs/training.md)"
     ]
 
 
@@ -193,11 +195,25 @@ def test_bugs_keep_their_traceback(monkeypatch, tmp_path):
         cli.main(["inspect", str(tmp_path)])
 
 
+def test_an_error_names_the_page_of_its_kind_else_of_its_command(monkeypatch, tmp_path, capsys):
+    from ptmjax.storage.model_dir import DamagedCheckpointError
+
+    def damaged(args):
+        raise DamagedCheckpointError("checkpoint 4 is damaged")
+
+    monkeypatch.setattr(cli, "run_inspect", damaged)
+    assert cli.main(["inspect", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == "ptmjax inspect: error: checkpoint 4 is damaged (see docs/reliability.md)\n"
+    root = Path(__file__).resolve().parents[1]
+    pages = [*cli.ERROR_PAGES.values(), *(page for _, page in cli.EXAMPLES.values())]
+    assert all((root / page).is_file() for page in pages), pages
+
+
 def test_a_missing_required_binding_is_one_line(tmp_path, capsys):
     assert train_in_process("--gin_file=models/t5_1_1_tiny.gin", f"--model_dir={tmp_path}") == 1
     assert capsys.readouterr().err == (
         "ptmjax train: error: Required bindings for `train` not provided in config: "
-        "['model', 'task_feature_lengths', 'batch_size', 'num_steps']\n"
+        "['model', 'task_feature_lengths', 'batch_size', 'num_steps'] (see docs/training.md)\n"
     )
 
 
@@ -222,7 +238,8 @@ def test_an_unregistered_task_lists_the_registered_ones_and_creates_nothing(tmp_
     assert train_in_process(task, f"--model_dir={tmp_path / 'run'}") == 1
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("ptmjax train: error: unknown task or mixture 'no_such_task'; registered ptmjax ones: ")
-    assert "ptmjax_pretrain" in line and line.endswith("(import the module that registers yours first)")
+    assert "ptmjax_pretrain" in line
+    assert line.endswith("(import the module that registers yours first) (see docs/training.md)")
     assert not (tmp_path / "run").exists()
 
 

@@ -1,6 +1,7 @@
 """The README, docs/ and the experiments' READMEs checked like code: every relative link and anchor resolves,
-every repository path and gin file they name exists (and each gin file parses), and every flag they give a
-`ptmjax` command or a script of the repository is one it takes."""
+every repository path and gin file they name exists (and each gin file parses), every flag they give a
+`ptmjax` command or a script of the repository is one it takes, and every command or Python block is marked
+as run by tests/test_doc_examples.py or as not run, with the reason (docs/documentation.md)."""
 
 import argparse
 import pathlib
@@ -19,6 +20,8 @@ REPO_PATH = re.compile(r"(?<![\w/.-])((?:ptmjax|tests|benchmarks|experiments|gin
 COMMAND = re.compile(r"ptmjax (train|eval|infer|probe|convert|compile|inspect)\b([^`\n]*(?:\\\n[^`\n]*)*)")
 SCRIPT = re.compile(r"python (?:-m )?((?:benchmarks|experiments)/[\w/]+\.py)([^`\n]*(?:\\\n[^`\n]*)*)")
 FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)")
+EXAMPLE = re.compile(r"^(?P<marker>[^\n]*)\n+```(?P<language>bash|python)\n(?P<code>.*?)^```", re.M | re.S)
+RUN, NOT_RUN = re.compile(r"<!-- run -->"), re.compile(r"<!-- not run: \S.{10,} -->")
 NAMED_NOT_FILES = {  # names the pages use as examples of something other than a file of the repository
     "runs/dmeo.gin": "the misspelling whose suggestion docs/training.md shows",
     "models/t5_1_1_xl.gin": "the size alias docs/training.md shows being resolved",
@@ -103,3 +106,17 @@ def test_flags_given_to_commands_and_scripts_exist(page):
         source = script_source(ROOT / script)
         for flag in FLAG.findall(rest):
             assert f'"{flag}"' in source or f"'{flag}'" in source, f"{page_id(page)}: {script} takes no {flag}"
+
+
+def examples(page: pathlib.Path) -> list[tuple[str, str, str]]:
+    """(marker line, language, code) of every bash and Python block of the page."""
+    return [(m["marker"].strip(), m["language"], m["code"]) for m in EXAMPLE.finditer(page.read_text())]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_command_and_python_block_is_run_or_says_why_not(page):
+    for marker, language, code in examples(page):
+        first = code.splitlines()[0]
+        assert RUN.fullmatch(marker) or NOT_RUN.fullmatch(marker), (
+            f"{page_id(page)}: the {language} block `{first}` needs `<!-- run -->` (tests/test_doc_examples.py runs "
+            "it) or `<!-- not run: REASON -->` on the line before it")

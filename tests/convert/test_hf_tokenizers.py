@@ -13,8 +13,7 @@ import flax.linen as nn
 import jax
 import pytest
 import seqio
-from hf_folders import SMALL_BART, byte_level_bpe, saved, trained
-from tokenizers import models, pre_tokenizers, trainers
+from hf_folders import SMALL_BART, byte_level_bpe, saved, wordpiece_tokenizer
 
 from ptmjax import cli, gin_files
 from ptmjax.convert import checkpoint, hf_tokenizer
@@ -120,12 +119,7 @@ def test_import_brings_the_tokenizer_and_export_writes_it_back(tmp_path, family)
 
 
 def test_bert_import_gives_a_wordpiece_vocabulary(tmp_path):
-    wordpiece = trained(
-        models.WordPiece(unk_token="[UNK]"),
-        trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]),
-        pre_tokenizers.BertPreTokenizer(),
-    )
-    tokenizer = transformers.BertTokenizer(vocab=wordpiece["vocab"])
+    tokenizer = wordpiece_tokenizer(transformers.BertTokenizer)
     model = transformers.BertForMaskedLM(transformers.BertConfig(
         vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
         max_position_embeddings=64,

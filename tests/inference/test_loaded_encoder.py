@@ -6,10 +6,9 @@ import json
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from hf_folders import byte_level_bpe, saved, wordpiece_tokenizer
 
 import ptmjax
-from ptmjax.data import corpus
 from ptmjax.inference import LoadedEncoder
 
 torch = pytest.importorskip("torch")
@@ -19,37 +18,19 @@ TEXTS = ["Return the sum of a and b, or raise ValueError when either is negative
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 
 
-def paragraphs() -> list[str]:
-    return [p for d in corpus.stdlib_docstrings("train") for p in d.split("\n\n") if p.strip()][:300]
-
-
-def trained(model, trainer, pre_tokenizer) -> dict:
-    tokenizer = Tokenizer(model)
-    tokenizer.pre_tokenizer = pre_tokenizer
-    tokenizer.train_from_iterator(paragraphs(), trainer)
-    return json.loads(tokenizer.to_str())["model"]
-
-
 @pytest.fixture(scope="module", params=["BertForMaskedLM", "RobertaForMaskedLM", "BertModel"])
 def encoder_dir(request, tmp_path_factory):
     """(folder, the transformers model saved there, its tokenizer)."""
     path = tmp_path_factory.mktemp(request.param)
     if request.param.startswith("Roberta"):
-        bpe = trained(models.BPE(), trainers.BpeTrainer(
-            vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()), pre_tokenizers.ByteLevel())
-        tokenizer = transformers.RobertaTokenizer(vocab=bpe["vocab"], merges=[tuple(m) for m in bpe["merges"]])
+        tokenizer = byte_level_bpe(transformers.RobertaTokenizer, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
         config = transformers.RobertaConfig(vocab_size=len(tokenizer), max_position_embeddings=66, **SIZES)
     else:
-        vocab = trained(models.WordPiece(unk_token="[UNK]"), trainers.WordPieceTrainer(
-            vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]),
-            pre_tokenizers.BertPreTokenizer())["vocab"]
-        tokenizer = transformers.BertTokenizer(vocab=vocab)
+        tokenizer = wordpiece_tokenizer(transformers.BertTokenizer)
         config = transformers.BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64, **SIZES)
     torch.manual_seed(0)
     model = getattr(transformers, request.param)(config).eval()
-    tokenizer.save_pretrained(path)
-    model.save_pretrained(path)
+    saved(path, tokenizer, model)
     return path, model, tokenizer
 
 
@@ -110,15 +91,11 @@ def sentence_transformers_dir(tmp_path_factory):
     """A sentence-transformers folder as that library saves one: a BertModel with its tokenizer, modules.json,
     1_Pooling/config.json (mean), 2_Normalize/ and sentence_bert_config.json (max_seq_length 16)."""
     path = tmp_path_factory.mktemp("sentence_transformer")
-    vocab = trained(models.WordPiece(unk_token="[UNK]"), trainers.WordPieceTrainer(
-        vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]),
-        pre_tokenizers.BertPreTokenizer())["vocab"]
-    tokenizer = transformers.BertTokenizer(vocab=vocab)
+    tokenizer = wordpiece_tokenizer(transformers.BertTokenizer)
     torch.manual_seed(0)
     model = transformers.BertModel(transformers.BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64,
                                                            **SIZES)).eval()
-    tokenizer.save_pretrained(path)
-    model.save_pretrained(path)
+    saved(path, tokenizer, model)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]

@@ -24,7 +24,7 @@ def test_a_bad_schedule_value_writes_nothing_over_an_existing_run(tmp_path, caps
     status = main(["train", "--gin_bindings=rsqrt_with_warmup.peak_learning_rate = 'x'", f"--model_dir={model_dir}"])
     assert status == 1
     assert capsys.readouterr().err.strip() == ("ptmjax train: error: gin binding rsqrt_with_warmup.peak_learning_rate "
-                                               "= 'x' has type str; it must be float")
+                                               "= 'x' has type str; it must be float (see docs/training.md)")
     assert sorted(p.name for p in model_dir.iterdir()) == ["config.gin"]
     assert (model_dir / "config.gin").read_text() == "# the run's config\n"
 
@@ -34,7 +34,8 @@ def test_a_string_step_count_is_one_line_naming_binding_value_and_type(tmp_path,
     status = main(["train", "--gin_bindings=train.num_steps = 'abc'", f"--model_dir={model_dir}"])
     err = capsys.readouterr().err.strip()
     assert status == 1
-    assert err == "ptmjax train: error: gin binding train.num_steps = 'abc' has type str; it must be int"
+    assert err == ("ptmjax train: error: gin binding train.num_steps = 'abc' has type str; it must be int "
+                   "(see docs/training.md)")
     assert not model_dir.exists()  # nothing was written
 
 

@@ -78,6 +78,6 @@ def test_a_pickle_that_would_run_code_is_refused_in_one_line_and_never_run(tmp_p
         f"ptmjax convert: error: {folder}/pytorch_model.bin holds pickled objects other than tensors (Trying to load "
         "unsupported GLOBAL posix.system whose module posix is blocked); ptmjax never unpickles them, as they can "
         "run code: get the model as model.safetensors from its source, or save it again with "
-        "save_pretrained(safe_serialization=True) where you trust it"
+        "save_pretrained(safe_serialization=True) where you trust it (see docs/models.md)"
     ]
     assert not (tmp_path / "out").exists()

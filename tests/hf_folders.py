@@ -29,6 +29,13 @@ def byte_level_bpe(tokenizer_class, special_tokens, **kwargs):
     return tokenizer_class(vocab=bpe["vocab"], merges=[tuple(m) for m in bpe["merges"]], **kwargs)
 
 
+def wordpiece_tokenizer(tokenizer_class):
+    """A transformers `tokenizer_class` (BertTokenizer and the like) over a 300-piece WordPiece trained here."""
+    trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    wordpiece = trained(models.WordPiece(unk_token="[UNK]"), trainer, pre_tokenizers.BertPreTokenizer())
+    return tokenizer_class(vocab=wordpiece["vocab"])
+
+
 def saved(hf_dir, tokenizer, model) -> None:
     tokenizer.save_pretrained(hf_dir)
     model.save_pretrained(hf_dir)
