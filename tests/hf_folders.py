@@ -39,3 +39,20 @@ def wordpiece_tokenizer(tokenizer_class):
 def saved(hf_dir, tokenizer, model) -> None:
     tokenizer.save_pretrained(hf_dir)
     model.save_pretrained(hf_dir)
+
+
+def write_sentence_transformers_files(path, pooling: str, max_seq_length: int, width: int = 32) -> None:
+    """Beside a saved model, the files sentence-transformers adds: modules.json, 1_Pooling/config.json
+    (`pooling`: 'mean', 'cls' or 'max'), 2_Normalize/ and sentence_bert_config.json."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir()
+    keys = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "max": "pooling_mode_max_tokens",
+            "mean_sqrt_len": "pooling_mode_mean_sqrt_len_tokens"}
+    modes = {key: mode == pooling for mode, key in keys.items()}
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": width, **modes}))
+    (path / "2_Normalize").mkdir()
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length,
+                                                                 "do_lower_case": False}))

@@ -3,8 +3,8 @@ the experiments' READMEs (tests/test_docs.py checks that every other block says 
 
 All pages share one fresh folder, as a user's working folder, so that a page finds the runs an earlier one made;
 a page whose prose names a run made elsewhere gets it first (PREREQUISITES). The pages' own paths for a user's
-files (`/path/to/...`, `/data/books`) become files of that folder: a tiny Hugging Face BertForMaskedLM with its
-WordPiece tokenizer, and text files of the embedded corpus. Every `ptmjax train` trains for 4 steps (TINY)."""
+files (`/path/to/...`, `/data/books`) become files of that folder: tiny Hugging Face folders (save_hf_folders)
+and text files of the embedded corpus. Every `ptmjax train` trains for 4 steps (TINY)."""
 
 import os
 import pathlib
@@ -19,7 +19,6 @@ from ptmjax.data import corpus
 
 pytestmark = pytest.mark.slow
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["train.num_steps = 4", "train.eval_every = 2", "train.checkpoint_every = 2", "train.eval_batches = 1",
         "train.inference_eval_examples = 4", "train.show_progress = False"]
 PREREQUISITES = {  # page -> (the run folder its prose says it starts from, the command that makes it)
@@ -28,13 +27,14 @@ PREREQUISITES = {  # page -> (the run folder its prose says it starts from, the 
     "docs/probing.md": ("runs/bert_demo", "ptmjax train --gin_file runs/bert_demo.gin"),
     "experiments/decoding/README.md": ("runs/demo", "ptmjax train"),
 }
-USER_FILES = {"prompts.txt": "Return the sum of a and b.\nOpen the file and return its lines.\n"}
+USER_FILES = {name: "Return the sum of a and b.\nOpen the file and return its lines.\n"
+              for name in ("prompts.txt", "texts.txt")}
 RUN_PAGES = [page for page in PAGES if any(RUN.fullmatch(marker) for marker, _, _ in examples(page))]
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> pathlib.Path:
-    """The user's working folder, with the files the pages name as a user's own."""
+    """The user's working folder, with the files and Hugging Face folders the pages name as a user's own."""
     path = tmp_path_factory.mktemp("pages")
     for name, text in USER_FILES.items():
         (path / name).write_text(text)
@@ -43,36 +43,63 @@ def folder(tmp_path_factory) -> pathlib.Path:
     docstrings = corpus.stdlib_docstrings("train")
     (books / "train-0.txt").write_text("\n".join(docstrings[:200]))
     (books / "valid.txt").write_text("\n".join(docstrings[200:240]))
-    save_tiny_bert(path / "hf_bert")
+    save_hf_folders(path)
     return path
 
 
-def save_tiny_bert(path: pathlib.Path) -> None:
-    """A random BertForMaskedLM (2 layers of width 32) and a 300-piece WordPiece tokenizer trained on the corpus."""
+def save_hf_folders(path: pathlib.Path) -> None:
+    """Random tiny transformers models with tokenizers trained on the corpus: `hf_bert` a BertForMaskedLM,
+    `bert_base` a BertModel, `sentence_transformer` a BertModel with sentence-transformers' files, `hf_t5` a T5
+    with its own SentencePiece model, `byt5`."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from hf_folders import saved, wordpiece_tokenizer
+    from hf_folders import saved, wordpiece_tokenizer, write_sentence_transformers_files
 
     tokenizer = wordpiece_tokenizer(transformers.BertTokenizer)
+    bert = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
-    saved(path, tokenizer, transformers.BertForMaskedLM(config))
+    for name, model_class in (("hf_bert", "BertForMaskedLM"), ("bert_base", "BertModel"),
+                              ("sentence_transformer", "BertModel")):
+        saved(path / name, tokenizer, getattr(transformers, model_class)(bert))
+    write_sentence_transformers_files(path / "sentence_transformer", pooling="mean", max_seq_length=32)
+    save_sentencepiece_t5(path / "hf_t5", transformers)
+    byte_tokenizer = transformers.ByT5Tokenizer()
+    saved(path / "byt5", byte_tokenizer, transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=len(byte_tokenizer), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0)))
+
+
+def save_sentencepiece_t5(path: pathlib.Path, transformers) -> None:
+    """A T5 v1.0 (2 layers of width 32) with a 300-piece SentencePiece model of its own, trained on the corpus."""
+    import sentencepiece as spm
+    import seqio
+
+    from ptmjax.convert import hf_tokenizer
+
+    lines = [p.replace("\n", " ") for d in corpus.stdlib_docstrings("train") for p in d.split("\n\n") if p.strip()]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines[:400]), model_prefix=str(path.parent / "t5_own"),
+                                   vocab_size=300, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+    vocabulary = seqio.SentencePieceVocabulary(str(path.parent / "t5_own.model"), extra_ids=100)
+    hf_tokenizer.write_tokenizer(vocabulary, str(path))
+    config = transformers.T5Config(vocab_size=vocabulary.vocab_size, d_model=32, d_kv=16, d_ff=64, num_layers=2,
+                                   num_heads=2, decoder_start_token_id=0)
+    transformers.T5ForConditionalGeneration(config).save_pretrained(path)
 
 
 def in_folder(code: str, folder: pathlib.Path) -> str:
-    """The block with the pages' paths for a user's files made paths of `folder`."""
-    for placeholder in ("/path/to/hf_dir", "/path/to/hf_bert"):
-        code = code.replace(placeholder, str(folder / "hf_bert"))
-    code = code.replace("/path/to/", f"{folder}/").replace("/data/books", str(folder / "data" / "books"))
+    """The block with the pages' paths for a user's files made paths of `folder` (/path/to/hf_dir: hf_bert)."""
+    code = code.replace("/path/to/hf_dir", "/path/to/hf_bert").replace("/path/to/", f"{folder}/")
+    code = code.replace("/data/books", str(folder / "data" / "books"))
     return code.replace("/tmp/two_hosts", str(folder / "two_hosts"))
 
 
 def tiny_shell(code: str) -> str:
-    """A bash block as the test runs it: `ptmjax` from this environment, every `ptmjax train` 4 steps long."""
-    bindings = " ".join(f'--gin_bindings="{binding}"' for binding in TINY)
-    code = code.replace(".venv/bin/ptmjax", "ptmjax")
-    return re.sub(r"\bptmjax train\b", f"ptmjax train {bindings}", code)
+    """A bash block as the test runs it: `ptmjax` from this environment, comments dropped, and every
+    `ptmjax train` 4 steps long (TINY bound last, so that they override the page's own bindings)."""
+    bindings = "".join(f' --gin_bindings="{binding}"' for binding in TINY)
+    code = re.sub(r"\s+#.*$", "", code.replace("\\\n", " ").replace(".venv/bin/ptmjax", "ptmjax"), flags=re.M)
+    return re.sub(r"(\bptmjax train\b[^&;|\n]*?)(\s*(?:&|;|\|)|$)", rf"\1{bindings}\2", code, flags=re.M)
 
 
 def run(command: list[str], folder: pathlib.Path, what: str) -> None:

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from hf_folders import byte_level_bpe, saved, wordpiece_tokenizer
+from hf_folders import byte_level_bpe, saved, wordpiece_tokenizer, write_sentence_transformers_files
 
 import ptmjax
 from ptmjax.inference import LoadedEncoder
@@ -96,16 +96,7 @@ def sentence_transformers_dir(tmp_path_factory):
     model = transformers.BertModel(transformers.BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64,
                                                            **SIZES)).eval()
     saved(path, tokenizer, model)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "1_Pooling").mkdir()
-    (path / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": 32, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
-        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}))
-    (path / "2_Normalize").mkdir()
-    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16, "do_lower_case": False}))
+    write_sentence_transformers_files(path, pooling="mean", max_seq_length=16)
     return path, model, tokenizer
 
 
