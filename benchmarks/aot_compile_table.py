@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import gc
 import importlib.metadata
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 
@@ -34,15 +32,14 @@ jax.config.update("jax_platforms", "cpu")  # compile-only: local accelerators ar
 
 from ptmjax import gin_files  # noqa: E402
 from ptmjax.tools import aot_compile as aot  # noqa: E402
+from ptmjax.tools import results_files  # noqa: E402
 from ptmjax.training import run  # noqa: E402
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 RESULTS = DOCS / "aot_compile.json"
 TABLE = DOCS / "aot_compile.md"
-END = "<!-- end of table -->"
-BEGIN = {"models": "<!-- table: benchmarks/aot_compile_table.py -->",
-         "remat_scan": "<!-- table: benchmarks/aot_compile_table.py remat_scan -->",
-         "kernels": "<!-- table: benchmarks/aot_compile_table.py kernels -->"}
+SCRIPT = "benchmarks/aot_compile_table.py"  # how docs/aot_compile.md's table markers name this script
+TABLES = ("models", "remat_scan", "kernels")
 RUN = "runs/pretrain.gin"  # T5's pre-training setting: batch 128, inputs 512, targets 114, Adafactor
 BF16 = ("T5Config.dtype = 'bfloat16'",)  # 3B and 11B: full remat and scanned layers come from their gin files
 
@@ -57,7 +54,7 @@ class Row:
     mesh: str
     bindings: tuple[str, ...] = ()
     num_slices: int = 1
-    table: str = "models"  # which table of docs/aot_compile.md (a key of BEGIN)
+    table: str = "models"  # which table of docs/aot_compile.md (one of TABLES)
 
     @property
     def gin_files(self) -> list[str]:
@@ -122,7 +119,7 @@ def compile_row(row: Row) -> dict:
     step = aot.compile_train_step(spec, aot.get_topology(row.topology, row.num_slices))
     report = step.report
     record = {
-        "command": row.command,
+        **results_files.run_record(row.command),
         "params": report.num_params,
         "batch": spec.batch_size, "feature_lengths": dict(spec.task_feature_lengths),
         "topology": report.topology, "device_kind": report.device_kind, "devices": report.num_devices,
@@ -133,7 +130,6 @@ def compile_row(row: Row) -> dict:
         "xla_flops": report.xla_flops, "model_flops": report.model_flops,
         "lower_seconds": round(report.lower_seconds, 1), "compile_seconds": round(report.compile_seconds, 1),
         "jax": jax.__version__, "libtpu": importlib.metadata.version("libtpu"),
-        "host": f"{platform.machine()}, {os.cpu_count()} CPUs", "date": datetime.date.today().isoformat(),
     }
     del step
     gc.collect()
@@ -172,15 +168,10 @@ def _markdown(results: dict[str, dict], table: str) -> str:
     return "\n".join(lines) + "\n\nCommands:\n\n```\n" + "\n".join(commands) + "\n```"
 
 
-def render() -> None:
-    """Rewrites each table between its markers in docs/aot_compile.md from docs/aot_compile.json."""
+def tables() -> dict[str, str]:
+    """Each table of docs/aot_compile.md, from docs/aot_compile.json."""
     results = json.loads(RESULTS.read_text())
-    text = TABLE.read_text()
-    for table, begin in BEGIN.items():
-        before, _, rest = text.partition(begin + "\n")
-        _, _, after = rest.partition(END)
-        text = f"{before}{begin}\n{_markdown(results, table)}\n{END}{after}"
-    TABLE.write_text(text)
+    return {table: _markdown(results, table) + "\n" for table in TABLES}
 
 
 def main() -> None:
@@ -201,7 +192,7 @@ def main() -> None:
             print(f"{name}: {next(r for r in ROWS if r.name == name).command}", flush=True)
             # A fresh process per row: one compile of the unrolled 11B step peaks at ~13 GB of host memory.
             subprocess.run([sys.executable, __file__, "--row", name], check=True)
-    render()
+    results_files.rewrite_tables(TABLE, SCRIPT, tables())
 
 
 if __name__ == "__main__":

@@ -1,16 +1,20 @@
 """The README, docs/ and the experiments' READMEs checked like code: every relative link and anchor resolves,
 every repository path and gin file they name exists (and each gin file parses), every flag they give a
-`ptmjax` command or a script of the repository is one it takes, and every command or Python block is marked
-as run by tests/test_doc_examples.py or as not run, with the reason (docs/documentation.md)."""
+`ptmjax` command or a script of the repository is one it takes, every command or Python block is marked
+as run by tests/test_doc_examples.py or as not run, with the reason (docs/documentation.md), and every generated
+table is the one its script renders from its results file now (ptmjax/tools/results_files.py)."""
 
 import argparse
+import importlib.util
 import pathlib
 import re
+import sys
 
 import gin
 import pytest
 
 from ptmjax import cli, gin_files
+from ptmjax.tools import results_files
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("experiments/*/README.md"))]
@@ -120,3 +124,23 @@ def test_every_command_and_python_block_is_run_or_says_why_not(page):
         assert RUN.fullmatch(marker) or NOT_RUN.fullmatch(marker), (
             f"{page_id(page)}: the {language} block `{first}` needs `<!-- run -->` (tests/test_doc_examples.py runs "
             "it) or `<!-- not run: REASON -->` on the line before it")
+
+
+def script_module(script: str, monkeypatch):
+    """The repository's script at path `script`, imported (its `main` not run)."""
+    spec = importlib.util.spec_from_file_location(f"page_table_{pathlib.Path(script).stem}", ROOT / script)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_generated_table_is_the_one_its_results_file_gives(monkeypatch):
+    marked = [(page, script, name, body) for page in PAGES
+              for script, name, body in results_files.marked_tables(page.read_text())]
+    assert {script for _, script, _, _ in marked} >= {"benchmarks/aot_compile_table.py",
+                                                      "experiments/peft_comparison/run.py"}
+    for page, script, name, body in marked:
+        tables = script_module(script, monkeypatch).tables()
+        assert name in tables, f"{page_id(page)}: {script} renders no table {name!r}"
+        assert body == tables[name], f"{page_id(page)}: table {name} differs from {script}'s results; run it again"

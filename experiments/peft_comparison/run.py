@@ -15,7 +15,7 @@ run is its own `ptmjax train` process, so its peak resident memory (from `os.wai
 own. Runs go under runs/peft_comparison/<setting>/<task>/<method>/lr_<lr>_seed<seed>/ (git-ignored); a run
 with a result.json is reused, so an interrupted comparison continues. Outputs next to this script:
 results_<setting>.md, results_<setting>.json and peft_comparison_<setting>.png; the reduced setting also
-rewrites the README's summary table (between its `<!-- results -->` markers).
+rewrites the README's summary table (`tables`, marked as ptmjax/tools/results_files.py says).
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ import sys
 import time
 from typing import Any
 
+from ptmjax.tools import results_files
+
+SCRIPT = "experiments/peft_comparison/run.py"  # how the README's table marker names this script
 EXPERIMENT_DIR = pathlib.Path(__file__).resolve().parent
 REPO_DIR = EXPERIMENT_DIR.parents[1]
 RUNS_DIR = REPO_DIR / "runs" / "peft_comparison"
@@ -306,7 +309,7 @@ def table(setting: Setting, results: dict[str, Any]) -> str:
 
 def summary(results: dict[str, Any]) -> str:
     """One row per method: trainable share and each task's held-out score with its interval (the README's
-    table, between its `<!-- results -->` markers)."""
+    table)."""
     tasks = results["tasks"]
     metrics = [TASKS[task].metric.split("/")[1] for task in tasks]
     lines = ["| method | trainable | " + " | ".join(f"{task} ({metric})" for task, metric in zip(tasks, metrics,
@@ -322,13 +325,9 @@ def summary(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def with_marked_section(text: str, marker: str, section: str) -> str:
-    """`text` with what lies between `<!-- marker -->` and `<!-- /marker -->` replaced by `section`."""
-    start, end = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
-    if start not in text or end not in text:
-        raise ValueError(f"no {start.strip()} ... {end} section to rewrite")
-    head, rest = text.split(start, 1)
-    return head + start + section + end + rest.split(end, 1)[1]
+def tables() -> dict[str, str]:
+    """The README's table (its `summary` marker), from results_reduced.json."""
+    return {"summary": summary(json.loads((EXPERIMENT_DIR / "results_reduced.json").read_text()))}
 
 
 def plot(results: dict[str, Any], path: pathlib.Path) -> None:
@@ -359,13 +358,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", choices=sorted(SETTINGS), default="reduced")
     setting = SETTINGS[parser.parse_args().setting]
-    results = compare(setting)
+    results = {**compare(setting), "measured": results_files.run_record()}
     (EXPERIMENT_DIR / f"results_{setting.name}.json").write_text(json.dumps(results, indent=1))
     (EXPERIMENT_DIR / f"results_{setting.name}.md").write_text(table(setting, results))
     plot(results, EXPERIMENT_DIR / f"peft_comparison_{setting.name}.png")
     if setting.name == "reduced":  # the setting the README reports
-        readme = EXPERIMENT_DIR / "README.md"
-        readme.write_text(with_marked_section(readme.read_text(), "results", summary(results)))
+        results_files.rewrite_tables(EXPERIMENT_DIR / "README.md", SCRIPT, tables())
     print(table(setting, results))
 
 

@@ -21,12 +21,9 @@ def load_run(monkeypatch):
     return run
 
 
-def test_the_readme_table_is_the_one_the_committed_results_give(monkeypatch):
-    """The README states each figure as results_reduced.json holds it: its table is rewritten from that file."""
-    run = load_run(monkeypatch)
+def test_the_committed_results_hold_three_seeds_of_both_tasks():
+    """(tests/test_docs.py checks that the README's table is the one these results give.)"""
     results = json.loads((RUN.parent / "results_reduced.json").read_text())
-    readme = (RUN.parent / "README.md").read_text()
-    assert run.with_marked_section(readme, "results", run.summary(results)) == readme
     assert len(results["tasks"]) == 2 and all(len(rows["full fine-tuning"]["test_by_seed"]) == 3
                                               for rows in results["tasks"].values())
 
