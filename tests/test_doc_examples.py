@@ -57,7 +57,7 @@ def save_hf_folders(path: pathlib.Path) -> None:
 
     tokenizer = wordpiece_tokenizer(transformers.BertTokenizer)
     bert = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+                                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
     torch.manual_seed(0)
     for name, model_class in (("hf_bert", "BertForMaskedLM"), ("bert_base", "BertModel"),
                               ("sentence_transformer", "BertModel")):

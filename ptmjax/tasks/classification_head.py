@@ -5,8 +5,10 @@ Importing this module registers, with the stdlib SentencePiece vocabulary,
 'ptmjax_stdlib_module_classification' (`module_classification`: the 12 modules of `module_labels()`,
 23 train and 8 validation documents each, 276 and 96 in all on CPython 3.11). Features:
 
-* 'inputs' [n] int32: the docstring's ids, cut to the 'inputs' sequence length less one, then EOS
-  (seqio's `append_eos_after_trim`; no [CLS] is added: a head pools as its model does);
+* 'inputs' [n] int32: the docstring's ids as the vocabulary's tokenizer encodes one text
+  (`head_inputs`): with ptmjax's vocabulary, cut to the 'inputs' sequence length less one, then EOS
+  (no [CLS] is added: a head pools as its model does); with an imported tokenizer, its template
+  (`[CLS] ... [SEP]`) around the text cut to fit;
 * 'label' int32 scalar: the module's index into `module_labels()`;
 * 'inputs_pretokenized': the docstring (for reading).
 
@@ -29,7 +31,7 @@ import tensorflow as tf
 from ptmjax import metrics
 from ptmjax.data import corpus, vocabularies
 from ptmjax.data.without_autograph import without_autograph
-from ptmjax.tasks import module_classification, registry
+from ptmjax.tasks import head_inputs, module_classification, registry
 
 MODULE_HEAD_TASK = "ptmjax_stdlib_module_classification_head"
 
@@ -67,11 +69,11 @@ def majority_class_baseline(split: str = "validation") -> dict[str, float]:
 
 
 def register_module_head_task(vocabulary: seqio.Vocabulary | None = None) -> seqio.Task:
-    """(Re-)registers the task of the module doc; vocabulary defaults to the stdlib SentencePiece one."""
+    """(Re-)registers the task of the module doc; vocabulary defaults to the stdlib SentencePiece one (an
+    imported model's: `register_module_head_task.vocabulary = @folder_vocabulary()`)."""
     vocabulary = vocabulary or vocabularies.stdlib_sentencepiece_vocabulary()
     source = seqio.FunctionDataSource(module_head_dataset_fn, splits=corpus.SPLITS)
-    preprocessors = [without_autograph(seqio.preprocessors.tokenize),
-                     without_autograph(seqio.preprocessors.append_eos_after_trim)]
+    preprocessors = [without_autograph(head_inputs.tokenize_as_one_text)]
     return registry.register_task(MODULE_HEAD_TASK, source, preprocessors, vocabulary, [metrics.accuracy],
                                   label_postprocessor, {"inputs": seqio.Feature(vocabulary, add_eos=True)})
 

@@ -38,3 +38,26 @@ def test_seqio_dataset_has_inputs_ending_in_eos_and_a_scalar_label():
 
 def test_majority_class_chance_level_is_one_in_twelve():
     assert classification_head.majority_class_baseline() == {"accuracy": pytest.approx(100 / 12)}
+
+
+def test_with_an_imported_tokenizer_the_inputs_are_what_transformers_gives_one_text(tmp_path):
+    """A BERT folder's WordPiece: [CLS] text [SEP], the text cut so that the whole fits, as tokenizer(text,
+    truncation=True, max_length=16); re-registered with the stdlib vocabulary afterwards."""
+    transformers = pytest.importorskip("transformers")
+    from hf_folders import wordpiece_tokenizer
+
+    from ptmjax.data import tokenizer_dir
+
+    tokenizer = wordpiece_tokenizer(transformers.BertTokenizer)
+    tokenizer.save_pretrained(tmp_path)
+    try:
+        task = classification_head.register_module_head_task(tokenizer_dir.read_vocabulary(str(tmp_path)))
+        examples = list(task.get_dataset({"inputs": 16}, split="validation", shuffle=False).as_numpy_iterator())
+    finally:
+        classification_head.register_module_head_task()
+    texts = [text for text, _ in classification_head.labelled_examples("validation")]
+    want = tokenizer(texts, truncation=True, max_length=16)["input_ids"]
+    assert [list(example["inputs"]) for example in examples] == want
+    assert {ids[0] for ids in want} == {tokenizer.cls_token_id}
+    assert {ids[-1] for ids in want} == {tokenizer.sep_token_id}
+    assert max(map(len, want)) == 16 and [e["inputs_pretokenized"].decode() for e in examples] == texts
