@@ -26,6 +26,7 @@ SCRIPT = re.compile(r"python (?:-m )?((?:benchmarks|experiments)/[\w/]+\.py)([^`
 FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)")
 EXAMPLE = re.compile(r"^(?P<marker>[^\n]*)\n+```(?P<language>bash|python)\n(?P<code>.*?)^```", re.M | re.S)
 RUN, NOT_RUN = re.compile(r"<!-- run -->"), re.compile(r"<!-- not run: \S.{10,} -->")
+GENERATED = ("docs/_build", "docs/_api")  # what the site's build writes (docs/documentation.md), ignored by git
 NAMED_NOT_FILES = {  # names the pages use as examples of something other than a file of the repository
     "runs/dmeo.gin": "the misspelling whose suggestion docs/training.md shows",
     "models/t5_1_1_xl.gin": "the size alias docs/training.md shows being resolved",
@@ -69,6 +70,8 @@ def test_named_paths_and_gin_files_exist(page):
             f"{page_id(page)} names {name}, which is not under gin_configs/")
     for name in REPO_PATH.findall(text):
         name = name.rstrip(".")
+        if name.startswith(GENERATED):
+            continue
         if not re.search(r"[<*{]|_$", name):  # patterns such as hf_<family>.py or t5_1_1_*.gin
             assert (ROOT / name).exists(), f"{page_id(page)} names {name}, which does not exist"
 

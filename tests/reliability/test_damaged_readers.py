@@ -42,7 +42,7 @@ def test_every_reader_names_the_damaged_step_in_one_line_and_offers_the_previous
     assert cli.main(args) == 1
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith(f"ptmjax {command[0]}: error: {message_start(damaged_run)}")
-    assert error[0].endswith("; read step 2 instead with --step 2 (in Python: step=2)")
+    assert error[0].endswith("; read step 2 instead with --step 2 (in Python: step=2) (see docs/reliability.md)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts.txt"]
     assert sorted(os.listdir(damaged_run / "checkpoints")) == ["2", "4"]  # a reader moves nothing
 

@@ -45,7 +45,7 @@ def test_every_reader_refuses_a_checkpoint_its_config_does_not_build(edited_run,
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith(f"ptmjax {command[0]}: error: {refusal(edited_run)}")
     assert error[0].endswith("Nothing was read: was config.gin edited after the checkpoint was saved? Put back the "
-                             "config it was saved with")
+                             "config it was saved with (see docs/reliability.md)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts.txt"]  # no output, not even a partial one
 
 
