@@ -6,6 +6,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from ptmjax.data import corpus
 
+SMALL_BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+SMALL_T5 = dict(d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2, decoder_start_token_id=0)
 SMALL_BART = dict(
     d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
     encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
@@ -34,6 +36,29 @@ def wordpiece_tokenizer(tokenizer_class):
     trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     wordpiece = trained(models.WordPiece(unk_token="[UNK]"), trainer, pre_tokenizers.BertPreTokenizer())
     return tokenizer_class(vocab=wordpiece["vocab"])
+
+
+def paragraph_lines() -> list[str]:
+    """The corpus's docstring paragraphs, each on one line."""
+    return [p.replace("\n", " ") for d in corpus.stdlib_docstrings("train") for p in d.split("\n\n") if p.strip()]
+
+
+def save_sentencepiece_t5(hf_dir) -> None:
+    """A random T5 v1.0 (SMALL_T5) with a 300-piece SentencePiece model of its own, trained on 400 paragraphs of
+    the corpus beside the folder, and the tokenizer files transformers reads (400 ids with T5's 100 sentinels)."""
+    import sentencepiece as spm
+    import seqio
+    import transformers
+
+    from ptmjax.convert import hf_tokenizer
+
+    prefix = hf_dir.parent / f"{hf_dir.name}_spiece"
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(paragraph_lines()[:400]), model_prefix=str(prefix),
+                                   vocab_size=300, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+    vocabulary = seqio.SentencePieceVocabulary(f"{prefix}.model", extra_ids=100)
+    hf_tokenizer.write_tokenizer(vocabulary, str(hf_dir))
+    config = transformers.T5Config(vocab_size=vocabulary.vocab_size, **SMALL_T5)
+    transformers.T5ForConditionalGeneration(config).save_pretrained(hf_dir)
 
 
 def saved(hf_dir, tokenizer, model) -> None:

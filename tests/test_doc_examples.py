@@ -53,38 +53,26 @@ def save_hf_folders(path: pathlib.Path) -> None:
     with its own SentencePiece model, `byt5`."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from hf_folders import saved, wordpiece_tokenizer, write_sentence_transformers_files
+    from hf_folders import (
+        SMALL_BERT,
+        SMALL_T5,
+        save_sentencepiece_t5,
+        saved,
+        wordpiece_tokenizer,
+        write_sentence_transformers_files,
+    )
 
     tokenizer = wordpiece_tokenizer(transformers.BertTokenizer)
-    bert = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    bert = transformers.BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128, **SMALL_BERT)
     torch.manual_seed(0)
     for name, model_class in (("hf_bert", "BertForMaskedLM"), ("bert_base", "BertModel"),
                               ("sentence_transformer", "BertModel")):
         saved(path / name, tokenizer, getattr(transformers, model_class)(bert))
     write_sentence_transformers_files(path / "sentence_transformer", pooling="mean", max_seq_length=32)
-    save_sentencepiece_t5(path / "hf_t5", transformers)
+    save_sentencepiece_t5(path / "hf_t5")
     byte_tokenizer = transformers.ByT5Tokenizer()
     saved(path / "byt5", byte_tokenizer, transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=len(byte_tokenizer), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
-        feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0)))
-
-
-def save_sentencepiece_t5(path: pathlib.Path, transformers) -> None:
-    """A T5 v1.0 (2 layers of width 32) with a 300-piece SentencePiece model of its own, trained on the corpus."""
-    import sentencepiece as spm
-    import seqio
-
-    from ptmjax.convert import hf_tokenizer
-
-    lines = [p.replace("\n", " ") for d in corpus.stdlib_docstrings("train") for p in d.split("\n\n") if p.strip()]
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines[:400]), model_prefix=str(path.parent / "t5_own"),
-                                   vocab_size=300, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
-    vocabulary = seqio.SentencePieceVocabulary(str(path.parent / "t5_own.model"), extra_ids=100)
-    hf_tokenizer.write_tokenizer(vocabulary, str(path))
-    config = transformers.T5Config(vocab_size=vocabulary.vocab_size, d_model=32, d_kv=16, d_ff=64, num_layers=2,
-                                   num_heads=2, decoder_start_token_id=0)
-    transformers.T5ForConditionalGeneration(config).save_pretrained(path)
+        vocab_size=len(byte_tokenizer), feed_forward_proj="gated-gelu", tie_word_embeddings=False, **SMALL_T5)))
 
 
 def in_folder(code: str, folder: pathlib.Path) -> str:

@@ -132,7 +132,7 @@ def test_every_command_and_python_block_is_run_or_says_why_not(page):
 
 def script_module(script: str, monkeypatch):
     """The repository's script at path `script`, imported (its `main` not run)."""
-    spec = importlib.util.spec_from_file_location(f"page_table_{pathlib.Path(script).stem}", ROOT / script)
+    spec = importlib.util.spec_from_file_location(f"script_{pathlib.Path(script).stem}", ROOT / script)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
     spec.loader.exec_module(module)

@@ -26,13 +26,12 @@ def folder_params(path) -> dict[str, np.ndarray]:
 
 
 def test_an_imported_bert_fine_tunes_a_head_on_its_own_tokenizer_from_the_gin_file(tmp_path):
-    from hf_folders import saved, wordpiece_tokenizer
+    from hf_folders import SMALL_BERT, saved, wordpiece_tokenizer
 
     tokenizer = wordpiece_tokenizer(transformers.BertTokenizer)
     torch.manual_seed(0)
     saved(tmp_path / "hf", tokenizer, transformers.BertForMaskedLM(transformers.BertConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=128)))
+        vocab_size=len(tokenizer), max_position_embeddings=128, **SMALL_BERT)))
     imported, run = tmp_path / "imported", tmp_path / "run"
     assert cli.main(["convert", "--from-hf", str(tmp_path / "hf"), "--to", str(imported)]) == 0
     bindings = [f"IMPORT = '{imported}'", "train.num_steps = 2", "train.eval_every = 2", "train.eval_batches = 1",

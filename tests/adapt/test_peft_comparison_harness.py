@@ -3,22 +3,13 @@
 own evaluation scored the whole split (the harness refuses a run where they differ), and the table reports what the
 runs hold."""
 
-import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
+from test_docs import script_module
 
 RUN = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "peft_comparison" / "run.py"
-
-
-def load_run(monkeypatch):
-    spec = importlib.util.spec_from_file_location("peft_comparison_run", RUN)
-    run = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, run)  # its dataclasses look their module up while it runs
-    spec.loader.exec_module(run)
-    return run
 
 
 def test_the_committed_results_hold_three_seeds_of_both_tasks():
@@ -31,7 +22,7 @@ def test_the_committed_results_hold_three_seeds_of_both_tasks():
 @pytest.mark.slow  # 28 training processes and their evaluations: 24.5 minutes on 2 cores
 @pytest.mark.timeout(2400)
 def test_the_smoke_setting_runs_every_method_and_counts_its_trainable_parameters(tmp_path, monkeypatch):
-    run = load_run(monkeypatch)
+    run = script_module("experiments/peft_comparison/run.py", monkeypatch)
     monkeypatch.setattr(run, "RUNS_DIR", tmp_path)
     setting = run.SETTINGS["smoke"]
     results = run.compare(setting)

@@ -13,11 +13,19 @@ import flax.linen as nn
 import jax
 import pytest
 import seqio
-from hf_folders import SMALL_BART, byte_level_bpe, saved, wordpiece_tokenizer
+from hf_folders import (
+    SMALL_BART,
+    SMALL_T5,
+    byte_level_bpe,
+    paragraph_lines,
+    save_sentencepiece_t5,
+    saved,
+    wordpiece_tokenizer,
+)
 
 from ptmjax import cli, gin_files
-from ptmjax.convert import checkpoint, hf_tokenizer
-from ptmjax.data import corpus, tokenizer_dir, vocabularies
+from ptmjax.convert import checkpoint
+from ptmjax.data import tokenizer_dir, vocabularies
 from ptmjax.data.hf_tokenizer_vocabulary import HfTokenizerVocabulary
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.model_api import model_api
@@ -150,21 +158,9 @@ def test_an_import_fine_tunes_on_text_with_its_own_tokenizer(tmp_path):
     """A Hugging Face T5 with its own SentencePiece model, imported, trains on text files through gin
     alone: the task's vocabulary is the imported folder's (`folder_vocabulary`), not ptmjax's."""
     import gin
-    import sentencepiece as spm
 
-    lines = [p.replace("\n", " ") for d in corpus.stdlib_docstrings("train") for p in d.split("\n\n") if p.strip()]
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines[:400]), model_prefix=str(tmp_path / "own"), vocab_size=300, pad_id=0, eos_id=1,
-        unk_id=2, bos_id=-1, minloglevel=2,
-    )
-    hf_tokenizer.write_tokenizer(seqio.SentencePieceVocabulary(str(tmp_path / "own.model"), extra_ids=100),
-                                 str(tmp_path / "hf"))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
-    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=len(tokenizer), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
-        decoder_start_token_id=0,
-    ))
-    model.save_pretrained(tmp_path / "hf")
+    save_sentencepiece_t5(tmp_path / "hf")
+    lines = paragraph_lines()
     imported = tmp_path / "imported"
     checkpoint.import_hf(str(tmp_path / "hf"), str(imported))
     own = gin_files.folder_vocabulary(str(imported))
@@ -205,8 +201,7 @@ def test_a_byt5_folder_imports_loads_and_exports_with_its_byte_vocabulary(tmp_pa
 
     tokenizer = transformers.ByT5Tokenizer()
     model = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=len(tokenizer), d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
-        feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0,
+        vocab_size=len(tokenizer), feed_forward_proj="gated-gelu", tie_word_embeddings=False, **SMALL_T5,
     )).eval()
     saved(tmp_path / "hf", tokenizer, model)
     imported = tmp_path / "imported"

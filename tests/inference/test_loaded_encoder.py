@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from hf_folders import byte_level_bpe, saved, wordpiece_tokenizer, write_sentence_transformers_files
+from hf_folders import SMALL_BERT, byte_level_bpe, saved, wordpiece_tokenizer, write_sentence_transformers_files
 
 import ptmjax
 from ptmjax.inference import LoadedEncoder
@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 TEXTS = ["Return the sum of a and b, or raise ValueError when either is negative.", "Open a file.", "x"]
-SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
 
 
 @pytest.fixture(scope="module", params=["BertForMaskedLM", "RobertaForMaskedLM", "BertModel"])
@@ -24,10 +23,10 @@ def encoder_dir(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     if request.param.startswith("Roberta"):
         tokenizer = byte_level_bpe(transformers.RobertaTokenizer, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
-        config = transformers.RobertaConfig(vocab_size=len(tokenizer), max_position_embeddings=66, **SIZES)
+        config = transformers.RobertaConfig(vocab_size=len(tokenizer), max_position_embeddings=66, **SMALL_BERT)
     else:
         tokenizer = wordpiece_tokenizer(transformers.BertTokenizer)
-        config = transformers.BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64, **SIZES)
+        config = transformers.BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64, **SMALL_BERT)
     torch.manual_seed(0)
     model = getattr(transformers, request.param)(config).eval()
     saved(path, tokenizer, model)
@@ -94,7 +93,7 @@ def sentence_transformers_dir(tmp_path_factory):
     tokenizer = wordpiece_tokenizer(transformers.BertTokenizer)
     torch.manual_seed(0)
     model = transformers.BertModel(transformers.BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64,
-                                                           **SIZES)).eval()
+                                                           **SMALL_BERT)).eval()
     saved(path, tokenizer, model)
     write_sentence_transformers_files(path, pooling="mean", max_seq_length=16)
     return path, model, tokenizer
