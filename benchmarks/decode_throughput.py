@@ -1,7 +1,7 @@
 """Decoding throughput of T5-small and GPT-2-small, greedy and beam search, against Hugging Face PyTorch.
 
     python benchmarks/decode_throughput.py [--batches 1,32] [--new-tokens 32] [--models t5,gpt2]
-        [--methods greedy,beam] [--beams 4] [--repeats 3] [--device cpu|gpu] [--quick]
+        [--methods greedy,beam] [--beams 4] [--repeats 3] [--runs 1] [--device cpu|gpu] [--quick] [--save]
 
 Both frameworks decode with the same weights (a randomly initialised Hugging Face model, its final
 norm scaled so that logits are peaked, converted with ptmjax.convert's hf_to_params), in float32, on
@@ -25,18 +25,23 @@ best 2048x2048 matmul of JAX, NumPy or PyTorch on the CPU, 8192x8192 of JAX or P
 the model FLOPs are a forward pass over the prompt and every beam's generated tokens (encoder once
 per input; logits only where a token is generated), so padding slots of the fixed-size cache and
 beam reordering earn no credit. ptmjax's compile time (jit lower + compile) is excluded from the
-timings and printed in its own column. 'same tokens' compares the two frameworks' outputs on the
+timings and given in its own column. 'same tokens' compares the two frameworks' outputs on the
 benchmark batch: rows whose generated tokens are all equal. --quick is a smoke test: tiny models
 (vocab 256, d_model 32, 2 layers), 8-token prompts, batch 2, 4 new tokens, 1 timed run (flags still
-override). Prints a table; asserts nothing about time.
+override). `--runs N` runs every row N times; `--save` keeps the results in
+benchmarks/results/decode_throughput_<device>.json and rewrites docs/benchmarks.md's tables from them. Prints a
+Markdown table; asserts nothing about time.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
+import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +52,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from train_throughput import (  # noqa: E402  (run as a script: benchmarks/ is on the path)
     GPT2_SMALL,
+    PAGE,
+    RESULTS,
     T5_SMALL,
     TORCH_DEVICES,
     matmul_peak_flops,
@@ -59,6 +66,9 @@ from ptmjax.decoding import DecodeConfig, GenerationIds  # noqa: E402
 from ptmjax.families.model_api import model_api  # noqa: E402
 from ptmjax.models import GPT2, EncoderDecoder  # noqa: E402
 from ptmjax.models.flops import t5_forward_flops  # noqa: E402
+from ptmjax.tools import results_files  # noqa: E402
+
+SCRIPT = "benchmarks/decode_throughput.py"  # how docs/benchmarks.md's table markers name this script
 
 T5_TINY = dataclasses.replace(
     T5_SMALL, vocab_size=256, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=2,
@@ -185,6 +195,68 @@ def timed(run: Callable[[], np.ndarray], repeats: int) -> tuple[float, np.ndarra
     return statistics.median(times), out
 
 
+def measure_row(model: Model, hf: Any, params: Any, method: str, batch: int, args: argparse.Namespace) -> dict:
+    """One row of one run: both frameworks' median seconds, ptmjax's compile seconds, the rows whose tokens agree."""
+    tokens = prompts(model, batch)
+    compile_seconds, ours = ptmjax_decoder(model, params, tokens, decode_config(method, args.beams, args.new_tokens))
+    our_seconds, our_tokens = timed(ours, args.repeats)
+    hf_seconds, hf_tokens = timed(hf_decoder(model, hf, tokens, method, args.beams, args.new_tokens, args.device),
+                                  args.repeats)
+    for out in (our_tokens, hf_tokens):  # both ran to the end (no EOS can occur)
+        assert out.shape == (batch, args.new_tokens), out.shape
+    return {"ptmjax_s": our_seconds, "hf_s": hf_seconds, "compile_s": compile_seconds,
+            "same_rows": int((our_tokens == hf_tokens).all(axis=1).sum())}
+
+
+def measure(args: argparse.Namespace) -> dict[str, dict]:
+    """Every row of `--runs` runs: {"model method batch": {model, method, batch, flops, new_tokens, "runs": [its
+    measure_row of each run with the run's float32 matmul peak]}}."""
+    registry, rows = models(args.quick), {}
+    for run in range(args.runs):
+        peak = max(matmul_peak_flops(args.device).values())
+        print(f"run {run + 1}: float32 matmul peak {peak / 1e9:.1f} GFLOP/s", file=sys.stderr)
+        for name in args.models.split(","):
+            model = registry[name]
+            hf, params = build(model, args.device)
+            for method, batch in itertools.product(args.methods.split(","), args.batches):
+                row = rows.setdefault(f"{name} {method} {batch}", {
+                    "model": model.label, "method": "greedy" if method == "greedy" else f"beam {args.beams}",
+                    "batch": batch, "new_tokens": args.new_tokens, "runs": [],
+                    "flops": decode_flops(model, batch, 1 if method == "greedy" else args.beams, args.new_tokens)})
+                row["runs"].append({**measure_row(model, hf, params, method, batch, args), "peak_flops": peak})
+                print(f"  {row['model']} {row['method']} batch {batch}: done", file=sys.stderr)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    """A table of decodes: each framework's tokens/s and MFU (the median run's), ptmjax's over Hugging Face's
+    (median, and the range over the runs in brackets), ptmjax's compile seconds, the rows whose tokens agree."""
+    header = ("model", "method", "batch", "ptmjax tok/s", "HF tok/s", "ptmjax / HF", "ptmjax MFU", "HF MFU",
+              "ptmjax compile s", "same tokens")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(decode_cells(r)) + " |" for r in rows]) + "\n"
+
+
+def decode_cells(row: dict) -> list[str]:
+    """One row of `markdown`."""
+    runs, tokens = row["runs"], row["batch"] * row["new_tokens"]
+    rates = {key: [tokens / run[key] for run in runs] for key in ("ptmjax_s", "hf_s")}
+    mfu = {key: statistics.median(row["flops"] / run[key] / run["peak_flops"] for run in runs) for key in rates}
+    ratios = [a / b for a, b in zip(rates["ptmjax_s"], rates["hf_s"], strict=True)]
+    spread = f" ({results_files.spread(ratios)})" if len(ratios) > 1 else ""
+    rate = lambda key: f"{statistics.median(rates[key]):,.{1 if statistics.median(rates[key]) < 1000 else 0}f}"  # noqa: E731
+    return [row["model"], row["method"], str(row["batch"]), rate("ptmjax_s"), rate("hf_s"),
+            f"{statistics.median(ratios):.2f}x{spread}",
+            f"{mfu['ptmjax_s']:.1%}", f"{mfu['hf_s']:.1%}", f"{statistics.median(r['compile_s'] for r in runs):.1f}",
+            f"{min(r['same_rows'] for r in runs)}/{row['batch']} rows"]
+
+
+def tables() -> dict[str, str]:
+    """docs/benchmarks.md's tables, one per results file `decode_throughput_<device>.json`."""
+    return {path.stem.removeprefix("decode_throughput_"): markdown(list(json.loads(path.read_text()).values()))
+            for path in sorted(RESULTS.glob("decode_throughput_*.json"))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,32; --quick 2)")
@@ -192,18 +264,20 @@ def main() -> None:
     parser.add_argument("--models", default="t5,gpt2")
     parser.add_argument("--methods", default="greedy,beam")
     parser.add_argument("--beams", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per row (default 3; --quick 1)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed decodes per row (default 3; --quick 1)")
+    parser.add_argument("--runs", type=int, default=1, help="runs of every row, one after another")
     parser.add_argument("--device", choices=sorted(TORCH_DEVICES), default="cpu")
     parser.add_argument("--quick", action="store_true", help="tiny models and batches: a smoke test")
+    parser.add_argument("--save", action="store_true", help="keep the results in benchmarks/results/ and rewrite "
+                        "docs/benchmarks.md's tables from them")
     args = parser.parse_args()
     use_device(args.device)
     if args.device != "cpu":
         jax.config.update("jax_default_matmul_precision", "highest")  # full float32, as PyTorch's default
-    batches = [int(b) for b in (args.batches or ("2" if args.quick else "1,32")).split(",")]
-    new_tokens = args.new_tokens or (4 if args.quick else 32)
-    repeats = args.repeats or (1 if args.quick else 3)
-    methods = args.methods.split(",")
-    unknown = set(methods) - {"greedy", "beam"}
+    args.batches = [int(b) for b in (args.batches or ("2" if args.quick else "1,32")).split(",")]
+    args.new_tokens = args.new_tokens or (4 if args.quick else 32)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    unknown = set(args.methods.split(",")) - {"greedy", "beam"}
     if unknown:
         parser.error(f"unknown --methods {sorted(unknown)}; use greedy and/or beam")
 
@@ -211,36 +285,16 @@ def main() -> None:
 
     torch.set_num_threads(os.cpu_count())
     where = f"{os.cpu_count()} CPU cores" if args.device == "cpu" else jax.devices()[0].device_kind
-    print(f"{new_tokens} new tokens per row, median of {repeats} runs, float32 on {where} "
-          f"(torch threads {torch.get_num_threads()}, JAX {jax.default_backend()}); beam search: {args.beams} beams\n")
-    peak = max(matmul_peak_flops(args.device).values())
-    print(f"float32 matmul peak of this device: {peak / 1e9:.1f} GFLOP/s\n")
-    header = (f"{'model':<15}{'method':<8}{'batch':>6}{'ptmjax tok/s':>14}{'HF tok/s':>10}{'ptmjax/HF':>11}"
-              f"{'ptmjax MFU':>12}{'HF MFU':>8}{'ptmjax compile s':>18}{'same tokens':>13}")
-    print(header)
-    print("-" * len(header))
-    registry = models(args.quick)
-    for name in args.models.split(","):
-        model = registry[name]
-        hf, params = build(model, args.device)
-        for method in methods:
-            config = decode_config(method, args.beams, new_tokens)
-            for batch in batches:
-                tokens = prompts(model, batch)
-                compile_seconds, ours = ptmjax_decoder(model, params, tokens, config)
-                our_seconds, our_tokens = timed(ours, repeats)
-                hf_seconds, hf_tokens = timed(
-                    hf_decoder(model, hf, tokens, method, args.beams, new_tokens, args.device), repeats
-                )
-                for out in (our_tokens, hf_tokens):  # both ran to the end (no EOS can occur)
-                    assert out.shape == (batch, new_tokens), out.shape
-                same = int((our_tokens == hf_tokens).all(axis=1).sum())
-                our_rate, hf_rate = batch * new_tokens / our_seconds, batch * new_tokens / hf_seconds
-                flops = decode_flops(model, batch, 1 if method == "greedy" else args.beams, new_tokens)
-                print(f"{model.label:<15}{method:<8}{batch:>6}{our_rate:>14.1f}{hf_rate:>10.1f}"
-                      f"{our_rate / hf_rate:>10.2f}x{flops / our_seconds / peak:>12.1%}"
-                      f"{flops / hf_seconds / peak:>8.1%}"
-                      f"{compile_seconds:>18.1f}{f'{same}/{batch} rows':>13}")
+    print(f"{args.new_tokens} new tokens per row, median of {args.repeats} decodes, float32 on {where} (torch threads "
+          f"{torch.get_num_threads()}, JAX {jax.default_backend()}); beam search: {args.beams} beams", file=sys.stderr)
+    rows = measure(args)
+    print(markdown(list(rows.values())))
+    if args.save:
+        path = RESULTS / f"decode_throughput_{args.device}.json"
+        for key, row in rows.items():
+            results_files.saved_entry(path, key, {"measured": results_files.run_record(), "device": where, **row})
+        results_files.rewrite_tables(PAGE, SCRIPT, tables())
+        print(f"kept in {path.relative_to(RESULTS.parents[1])}; docs/benchmarks.md's tables rewritten", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Input pipeline throughput against the train step's consumption, per objective; start-up to the first step.
 
-    python benchmarks/input_pipeline.py [--batches 40] [--steps 5] [--only T5,BERT] [--t5_base]
-    python benchmarks/input_pipeline.py --startup [--startup_runs 1] [--cold_cache] [--startup_binding B]
+    python benchmarks/input_pipeline.py [--batches 40] [--steps 5] [--only T5,BERT] [--t5_base] [--save]
+    python benchmarks/input_pipeline.py --startup [--startup_runs 1] [--cold_cache] [--startup_binding B] [--save]
 
 Each row is one run configuration (a `gin_configs/runs/` demo, or the demo
 with another objective's task): its training dataset built as `ptmjax train`
@@ -11,7 +11,7 @@ batches for `--batches` batches after the first (its time is shown apart),
 against the same run's jitted train step on its first batch, timed for
 `--steps` steps after the compile. Tokens count the model's input fields per
 batch, as the loop's tokens/s does. ratio = pipeline batches/s over step
-batches/s: above 1 the host keeps up; issue 14's target is 3 on the demo.
+batches/s: above 1 the host keeps up.
 `--t5_base` adds T5 v1.1 base with the pre-training run's shapes (inputs 512,
 targets 114, batch 128): its pipeline at batch 128, its step at
 `--t5_base_step_batch` rows (tokens/s scaled from those rows; a CPU step at
@@ -26,14 +26,15 @@ its breakdown.
 `--cold_cache` points the runs at an empty compilation cache first;
 `--startup_binding` adds gin bindings to them.
 
-Prints tables; asserts nothing about time.
+`--save` keeps the results in benchmarks/results/ (input_pipeline.json, input_pipeline_startup.json) and
+rewrites docs/benchmarks.md's tables from them. Prints Markdown tables; asserts nothing about time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -46,10 +47,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gin  # noqa: E402
 import jax  # noqa: E402
 import train_throughput  # noqa: E402
+from train_throughput import PAGE, RESULTS  # noqa: E402
 
 from ptmjax import partitioning  # noqa: E402
 from ptmjax.gin_files import parse_gin  # noqa: E402
+from ptmjax.tools import results_files  # noqa: E402
 from ptmjax.training import prepared_run, run  # noqa: E402
+
+SCRIPT = "benchmarks/input_pipeline.py"  # how docs/benchmarks.md's table markers name this script
 
 DEMO = ["runs/demo.gin"]
 
@@ -116,18 +121,16 @@ def measure(gin_files: list[str], bindings: list[str], batches: int, steps: int,
     }
 
 
-def print_throughput(results: dict[str, dict]) -> None:
-    print(f"\n{'run':<28}{'task':<34}{'batch x lengths':<24}{'first s':>8}{'pipe ex/s':>10}{'pipe tok/s':>11}"
-          f"{'step tok/s':>11}{'ratio':>9}")
+def throughput_table(results: dict[str, dict]) -> str:
+    """A Markdown table of pipeline against step rates, one row per run configuration."""
+    lines = ["| run | task | batch x lengths | first batch s | pipeline tok/s | step tok/s | ratio |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for label, r in results.items():
         shape = f"{r['batch']} x " + "/".join(str(v) for v in r["lengths"].values())
         note = "" if r["step_rows"] == r["batch"] else f" (step at {r['step_rows']} rows)"
-        print(f"{label:<28}{r['task']:<34}{shape:<24}{r['first_s']:>8.2f}{r['batch'] / r['pipeline_s']:>10.0f}"
-              f"{r['tokens'] / r['pipeline_s']:>11.0f}{r['tokens'] / r['step_s']:>11.0f}"
-              f"{r['step_s'] / r['pipeline_s']:>9.1f}{note}")
-
-
-STARTUP_LINE = re.compile(r"^Start-up: (?P<total>[\d.]+) s .*$", re.M)
+        lines.append(f"| {label} | `{r['task']}` | {shape} | {r['first_s']:.2f} | {r['tokens'] / r['pipeline_s']:,.0f} "
+                     f"| {r['tokens'] / r['step_s']:,.0f}{note} | {r['step_s'] / r['pipeline_s']:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def run_demo(model_dir: str, num_steps: int, env: dict[str, str], bindings: list[str]) -> tuple[float, str]:
@@ -148,7 +151,9 @@ def run_demo(model_dir: str, num_steps: int, env: dict[str, str], bindings: list
     return line_at, seen
 
 
-def print_startup(runs: int, cold_cache: bool, bindings: list[str]) -> None:
+def startup_runs(runs: int, cold_cache: bool, bindings: list[str]) -> list[dict]:
+    """`runs` rounds of a fresh run, the same run resumed and a fresh run beside it: each one's seconds to its
+    first step and its Start-up line."""
     env = dict(os.environ)
     if cold_cache:
         env["PTMJAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ptmjax-jax-cache-")
@@ -156,15 +161,31 @@ def print_startup(runs: int, cold_cache: bool, bindings: list[str]) -> None:
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as folder:
             model_dir = os.path.join(folder, "demo")
-            rows.append(("fresh (2 steps)", *run_demo(model_dir, 2, env, bindings)))
-            rows.append(("resumed (to step 4)", *run_demo(model_dir, 4, env, bindings)))
-            rows.append(("fresh again (2 steps)", *run_demo(os.path.join(folder, "again"), 2, env, bindings)))
-    cache = env.get("PTMJAX_COMPILATION_CACHE_DIR", "the default compilation cache")
-    flags = "".join(f" --gin_bindings='{binding}'" for binding in bindings)
-    print(f"\n`ptmjax train` on runs/demo.gin{flags}; compilation cache: {cache}")
-    print(f"{'run':<22}{'s to first step':>16}  the loop's breakdown")
-    for label, seconds, line in rows:
-        print(f"{label:<22}{seconds:>16.1f}  {line}")
+            for label, where, steps in (("fresh (2 steps)", model_dir, 2), ("resumed (to step 4)", model_dir, 4),
+                                        ("fresh again (2 steps)", os.path.join(folder, "again"), 2)):
+                seconds, line = run_demo(where, steps, env, bindings)
+                rows.append({"run": label, "s": seconds, "line": line})
+    return rows
+
+
+def startup_table(entries: dict[str, dict]) -> str:
+    """A Markdown table of start-up seconds: for each compilation cache the runs started with it, every round's."""
+    lines = ["| compilation cache | run | seconds to the first step |", "|---|---|---|"]
+    for cache, entry in entries.items():
+        seconds: dict[str, list[float]] = {}
+        for row in entry["rows"]:
+            seconds.setdefault(row["run"], []).append(row["s"])
+        for label, values in seconds.items():
+            lines.append(f"| {cache} | {label} | {', '.join(f'{v:.1f}' for v in values)} |")
+    return "\n".join(lines) + "\n"
+
+
+def tables() -> dict[str, str]:
+    """docs/benchmarks.md's tables, from benchmarks/results/input_pipeline.json and input_pipeline_startup.json."""
+    found = {name: RESULTS / f"{stem}.json" for name, stem in (("pipeline", "input_pipeline"),
+                                                               ("startup", "input_pipeline_startup"))}
+    render = {"pipeline": throughput_table, "startup": startup_table}
+    return {name: render[name](json.loads(path.read_text())) for name, path in found.items() if path.exists()}
 
 
 def main() -> None:
@@ -177,12 +198,22 @@ def main() -> None:
     parser.add_argument("--startup", action="store_true", help="time `ptmjax train` on the demo to its first step")
     parser.add_argument("--startup_runs", type=int, default=1)
     parser.add_argument("--cold_cache", action="store_true", help="--startup with an empty compilation cache")
+    parser.add_argument("--save", action="store_true", help="keep the results in benchmarks/results/ and rewrite "
+                        "docs/benchmarks.md's tables from them (--startup: without --startup_binding)")
     parser.add_argument("--startup_binding", action="append", default=[],
                         help="--startup: a gin binding for the runs, e.g. 'train.prefetch_batches = 0' (repeatable)")
     args = parser.parse_args()
 
     if args.startup:
-        print_startup(args.startup_runs, args.cold_cache, args.startup_binding)
+        rows = startup_runs(args.startup_runs, args.cold_cache, args.startup_binding)
+        cache = "empty at the start" if args.cold_cache else "as found"
+        flags = "".join(f" --gin_bindings='{binding}'" for binding in args.startup_binding)
+        print(f"`ptmjax train` on runs/demo.gin{flags}; the compilation cache {cache}")
+        print(startup_table({cache: {"rows": rows}}))
+        for row in rows:
+            print(f"{row['run']}: {row['line']}")
+        if args.save and not args.startup_binding:
+            save("input_pipeline_startup", {cache: {"measured": results_files.run_record(), "rows": rows}})
         return
     configs = dict(CONFIGS)
     if args.t5_base:
@@ -197,7 +228,19 @@ def main() -> None:
         step_batch = args.t5_base_step_batch if label == T5_BASE[0] else None
         results[label] = measure(files, bindings, args.batches, args.steps, step_batch)
         print(f"  {label}: done", flush=True)
-    print_throughput(results)
+    print(throughput_table(results))
+    if args.save:
+        record = results_files.run_record()
+        save("input_pipeline", {label: {"measured": record, **r} for label, r in results.items()})
+
+
+def save(stem: str, entries: dict[str, dict]) -> None:
+    """Keeps `entries` in benchmarks/results/STEM.json (beside the entries of other rows) and rewrites
+    docs/benchmarks.md's tables."""
+    for key, entry in entries.items():
+        results_files.saved_entry(RESULTS / f"{stem}.json", key, entry)
+    results_files.rewrite_tables(PAGE, SCRIPT, tables())
+    print(f"kept in benchmarks/results/{stem}.json; docs/benchmarks.md's tables rewritten")
 
 
 if __name__ == "__main__":

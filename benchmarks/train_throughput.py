@@ -42,6 +42,7 @@ import argparse
 import dataclasses
 import json
 import os
+import pathlib
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,7 @@ from ptmjax.layers.attention import ATTENTION_KERNELS  # noqa: E402
 from ptmjax.layers.layer_stack import REMAT_POLICIES  # noqa: E402
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config  # noqa: E402
 from ptmjax.models.flops import gpt2_training_flops, t5_training_flops  # noqa: E402
+from ptmjax.tools import results_files  # noqa: E402
 from ptmjax.training.optimizers import adamw  # noqa: E402
 from ptmjax.training.trainer import Trainer  # noqa: E402
 
@@ -82,6 +84,10 @@ TITLES = {"t5": "T5 v1.0 small", "t5-base": "T5 v1.0 base", "t5-large": "T5 v1.0
 JAX_PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}  # --device -> JAX's platform
 TORCH_DEVICES = {"cpu": "cpu", "gpu": "cuda"}  # --device -> PyTorch's device (none for TPU)
 LEARNING_RATE = 1e-4
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"  # the results files of the benchmarks whose tables docs/benchmarks.md states
+PAGE = ROOT / "docs" / "benchmarks.md"
+SCRIPT = "benchmarks/train_throughput.py"  # how the page's table markers name this script
 ROUNDS = 3  # an accelerator's steps are timed in rounds of `--steps` steps dispatched back to back
 
 
@@ -331,6 +337,25 @@ def add_step_arguments(parser: argparse.ArgumentParser, steps: int = 5) -> None:
     parser.add_argument("--targets", type=positive_int, default=114, help="T5 only")
 
 
+def options_label(args: argparse.Namespace) -> str:
+    """ptmjax's options of a run, in words."""
+    words = [f"{args.attention} attention", f"remat {args.remat}"]
+    return ", ".join(words + (["scanned layers"] if args.scan else []))
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """One run: the matmul peak, then each framework's step in a child process of its own (see the module
+    docstring); -> {"peak_flops": the best matmul FLOP/s, "frameworks": {name: {"step_s": the median step's
+    seconds, "peak_gib": peak device GiB or None}}}."""
+    peaks = matmul_peak_flops(args.device, args.dtype)
+    print("Measured " + ", ".join(f"{k} {v / 1e12:.3f}" for k, v in peaks.items()) + " TFLOP/s", file=sys.stderr)
+    rows = {name: time_in_child(args, framework, env) for name, (framework, env) in child_runs(args.device == "cpu")
+            .items()}
+    return {"peak_flops": max(peaks.values()), "frameworks": {
+        name: {"step_s": statistics.median(times), "peak_gib": peak_bytes / 2**30 if peak_bytes else None}
+        for name, (times, peak_bytes) in ((name, row) for name, row in rows.items() if row is not None)}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(TITLES), default="t5")
@@ -341,6 +366,9 @@ def main() -> None:
     parser.add_argument("--remat", choices=sorted(REMAT_POLICIES), default="none", help="ptmjax's remat_policy")
     parser.add_argument("--scan", action="store_true", help="ptmjax's scan_layers")
     add_step_arguments(parser)
+    parser.add_argument("--runs", type=positive_int, default=1, help="runs of every framework, one after another")
+    parser.add_argument("--save", action="store_true", help=f"keep the results in {RESULTS.relative_to(ROOT)}/ and "
+                        f"rewrite {PAGE.relative_to(ROOT)}'s tables from them")
     parser.add_argument("--child", choices=["ptmjax", "pytorch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.attention = args.attention or ("blockwise" if args.device == "cpu" else "einsum")
@@ -359,39 +387,65 @@ def main() -> None:
         print(json.dumps(time_pytorch(batch, args.steps, args.model, args.dtype, args.device)))
         return
     decoder_only = is_decoder_only(args.model)
-    tokens = args.batch * (args.inputs + (0 if decoder_only else args.targets))
-    flops = training_flops(args.model, args.batch, args.inputs, args.targets)
-    peaks = matmul_peak_flops(args.device, args.dtype)
-    peak = max(peaks.values())
-    lengths = f"length {args.inputs}" if decoder_only else f"inputs {args.inputs}, targets {args.targets}"
-    on_cpu = args.device == "cpu"
-    where = f"{os.cpu_count()} CPU cores" if on_cpu else jax.devices()[0].device_kind
-    print(f"{TITLES[args.model]}, batch {args.batch}, {lengths}, {args.dtype} compute, ptmjax attention "
-          f"{args.attention}, remat {args.remat}{', scanned layers' if args.scan else ''}: {flops / 1e9:.1f} GFLOP "
-          "per training step")
-    print(f"Measured {args.dtype} {2048 if on_cpu else 8192} matmul on {where}: "
-          + ", ".join(f"{k} {v / 1e12:.3f}" for k, v in peaks.items())
-          + f" TFLOP/s; peak = {peak / 1e12:.3f} TFLOP/s\n")
+    entry = {
+        "measured": results_files.run_record(), "title": TITLES[args.model], "batch": args.batch,
+        "lengths": f"{args.inputs}" if decoder_only else f"{args.inputs} -> {args.targets}",
+        "options": options_label(args), "steps": args.steps,
+        "tokens": args.batch * (args.inputs + (0 if decoder_only else args.targets)),
+        "flops": training_flops(args.model, args.batch, args.inputs, args.targets),
+        "device": f"{os.cpu_count()} CPU cores" if args.device == "cpu" else jax.devices()[0].device_kind,
+    }
+    print(f"{entry['title']}, batch {args.batch} x {entry['lengths']}, {args.dtype} compute, {entry['options']}: "
+          f"{entry['flops'] / 1e9:.1f} GFLOP per training step, on {entry['device']}", file=sys.stderr)
+    entry["runs"] = [measure(args) for _ in range(args.runs)]
+    if len(entry["runs"][0]["frameworks"]) == 1:
+        print("(install the 'hf' extra, torch and transformers, to compare with PyTorch on CPU or GPU)",
+              file=sys.stderr)
+    print(markdown([entry]))
+    if args.save:
+        name = f"{args.device}_{args.dtype}"
+        key = f"{args.model} {args.batch} x {entry['lengths']}, {entry['options']}"
+        results_files.saved_entry(RESULTS / f"train_throughput_{name}.json", key, entry)
+        results_files.rewrite_tables(PAGE, SCRIPT, tables())
+        print(f"kept in {RESULTS.relative_to(ROOT)}/train_throughput_{name}.json; {PAGE.relative_to(ROOT)}'s "
+              "tables rewritten", file=sys.stderr)
 
-    rows = {name: time_in_child(args, framework, env) for name, (framework, env) in child_runs(on_cpu).items()}
-    measured = {name: row for name, row in rows.items() if row is not None}
-    memory = "" if on_cpu else f"{'peak GiB':>10}"
-    print(f"{'framework':<26}{'step s (median)':>16}{'tokens/s':>12}{'TFLOP/s':>10}{'MFU':>8}{memory}")
-    medians = {name: statistics.median(times) for name, (times, _) in measured.items()}
-    for name, median in medians.items():
-        peak_bytes = measured[name][1]
-        memory = "" if on_cpu else f"{peak_bytes / 2**30:>10.2f}" if peak_bytes else f"{'-':>10}"
-        print(f"{name:<26}{median:>16.3f}{tokens / median:>12.0f}{flops / median / 1e12:>10.3f}"
-              f"{flops / median / peak:>8.1%}{memory}")
-    if len(medians) == 1:
-        print("\n(install the 'hf' extra, torch and transformers, to compare with PyTorch on CPU or GPU)")
-        return
-    print()
-    for name in list(medians)[1:]:
-        print(f"ptmjax tokens/s over {name} tokens/s: {medians[name] / medians['ptmjax (JAX/XLA)']:.2f}x")
-    if on_cpu:
-        print("(each framework runs in a child process of its own; PyTorch twice: with glibc's malloc defaults, as its "
-              "users run it, and with the settings `import ptmjax` makes, ptmjax/host_malloc.py)")
+
+def markdown(entries: list[dict[str, Any]]) -> str:
+    """A table of training runs: each framework's median step in each run, ptmjax's tokens/s over each other
+    framework's and the model FLOP utilisation (their ranges over the runs), and peak device memory where
+    measured."""
+    names = list(entries[0]["runs"][0]["frameworks"])
+    memory = any(f["peak_gib"] for e in entries for r in e["runs"] for f in r["frameworks"].values())
+    header = ["model", "batch x length", "ptmjax options", *(f"{n}: step s" for n in names),
+              *(f"ptmjax / {n}" for n in names[1:]), *(f"MFU: {n}" for n in names),
+              *(f"peak GiB: {n}" for n in names if memory)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row_cells(e, names, memory)) + " |" for e in entries]
+    return "\n".join(lines) + "\n"
+
+
+def row_cells(entry: dict[str, Any], names: list[str], memory: bool) -> list[str]:
+    """One row of `markdown`."""
+    runs = entry["runs"]
+    steps = {n: [r["frameworks"][n]["step_s"] for r in runs] for n in names}
+    digits = "{:.0f}" if len(runs) > 1 else "{:.1f}"
+    peaks_kept = all(r["peak_flops"] for r in runs)
+    mfu = {n: [entry["flops"] / s / r["peak_flops"] * 100 for s, r in zip(steps[n], runs, strict=True)]
+           for n in names} if peaks_kept else {}
+    ratios = {n: [b / a for a, b in zip(steps[names[0]], steps[n], strict=True)] for n in names[1:]}
+    return [entry["title"], f"{entry['batch']} x {entry['lengths']}", entry["options"],
+            *(", ".join(f"{s:.2f}" if s >= 1 else f"{s:.3f}" for s in steps[n]) for n in names),
+            *(results_files.spread(ratios[n], unit="x") for n in names[1:]),
+            *(results_files.spread(mfu[n], digits, "%") if peaks_kept else "not kept" for n in names),
+            *(results_files.spread([r["frameworks"][n]["peak_gib"] for r in runs], "{:.1f}")
+              for n in names if memory)]
+
+
+def tables() -> dict[str, str]:
+    """docs/benchmarks.md's tables, one per results file `train_throughput_<device>_<dtype>.json`."""
+    return {path.stem.removeprefix("train_throughput_"): markdown(list(json.loads(path.read_text()).values()))
+            for path in sorted(RESULTS.glob("train_throughput_*.json"))}
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ tests/test_docs.py checks that every marked table on the pages equals what its s
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import pathlib
 import platform
@@ -17,6 +18,8 @@ import re
 import subprocess
 import sys
 
+ISAS = (("amx_tile", "AVX-512 with AMX"), ("avx512_bf16", "AVX-512 with BF16"), ("avx512f", "AVX-512"),
+        ("avx2", "AVX2"))  # /proc/cpuinfo's flag -> the vector instructions it means, widest first
 TABLE = re.compile(r"<!-- table: (?P<script>\S+) (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- end of table -->", re.S)
 
 
@@ -30,10 +33,24 @@ def run_record(command: str | None = None) -> dict[str, str]:
         commit = ""
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
+        "machine": machine(),
         "commit": commit or "unknown",
         "command": command or " ".join(["python", *sys.argv]),
     }
+
+
+def machine() -> str:
+    """This machine in a few words: the processor, its widest vector instructions, the cores and the system."""
+    model, flags = platform.processor() or platform.machine(), set()
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        text = cpuinfo.read_text()
+        found = re.search(r"^model name\s*: (.*)$", text, re.M)
+        model = found[1].strip() if found else model
+        found = re.search(r"^flags\s*: (.*)$", text, re.M)
+        flags = set(found[1].split()) if found else flags
+    widest = next((name for flag, name in ISAS if flag in flags), None)
+    return ", ".join(filter(None, [model, widest, f"{os.cpu_count()} CPUs", platform.system()]))
 
 
 def marked_tables(text: str) -> list[tuple[str, str, str]]:
@@ -56,3 +73,19 @@ def with_tables(text: str, script: str, tables: dict[str, str]) -> str:
 def rewrite_tables(page: pathlib.Path, script: str, tables: dict[str, str]) -> None:
     """Rewrites `page`'s tables marked as `script`'s (see `with_tables`)."""
     page.write_text(with_tables(page.read_text(), script, tables))
+
+
+def saved_entry(path: pathlib.Path, key: str, entry: dict) -> dict[str, dict]:
+    """Writes `entry` under `key` into the JSON results file `path` (its other entries kept; the file and its folder
+    made if new), and returns every entry the file now holds."""
+    entries = json.loads(path.read_text()) if path.exists() else {}
+    entries[key] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entries, indent=1) + "\n")
+    return entries
+
+
+def spread(values: list[float], fmt: str = "{:.2f}", unit: str = "") -> str:
+    """The range of a figure measured in several runs: '1.12–1.26x', or '57%' where they agree at `fmt`."""
+    low, high = fmt.format(min(values)), fmt.format(max(values))
+    return f"{low}{unit}" if low == high else f"{low}–{high}{unit}"
