@@ -6,7 +6,7 @@ fresh `mmap`s and unmaps them at `free`, so every step page-faults its whole
 working set again: 2.1 of the 7.0 s of a T5-small training step on a 2-core
 CPU were kernel time. `install()` asks glibc, through `mallopt`, for no
 `mmap`s and no trimming, so freed memory stays in the process and the next
-step reuses it (kernel time per step 0.05 s, `docs/performance.md`).
+step reuses it (kernel time per step 0.05 s, `docs/performance_log.md`).
 
 That holds only in the main arena, the heap: glibc gives each thread an arena
 of its own, and another thread's cannot hold a block above 64 MiB without

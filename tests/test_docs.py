@@ -26,6 +26,8 @@ SCRIPT = re.compile(r"python (?:-m )?((?:benchmarks|experiments)/[\w/]+\.py)([^`
 FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)")
 EXAMPLE = re.compile(r"^(?P<marker>[^\n]*)\n+```(?P<language>bash|python)\n(?P<code>.*?)^```", re.M | re.S)
 RUN, NOT_RUN = re.compile(r"<!-- run -->"), re.compile(r"<!-- not run: \S.{10,} -->")
+DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+HISTORY = ROOT / "docs" / "performance_log.md"  # the one page that is a history (docs/documentation.md)
 GENERATED = ("docs/_build", "docs/_api")  # what the site's build writes (docs/documentation.md), ignored by git
 NAMED_NOT_FILES = {  # names the pages use as examples of something other than a file of the repository
     "runs/dmeo.gin": "the misspelling whose suggestion docs/training.md shows",
@@ -47,6 +49,13 @@ def github_anchor(heading: str) -> str:
 def prose(page: pathlib.Path) -> str:
     """The page without its fenced code blocks."""
     return re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if page != HISTORY], ids=page_id)
+def test_pages_say_what_holds_now_without_dates(page):
+    """Dates belong to the results files and the performance log; the pages say what holds now."""
+    dates = sorted(set(DATE.findall(page.read_text())))
+    assert not dates, f"{page_id(page)} states the dates {dates}: say what holds now (a results file keeps when)"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)

@@ -116,7 +116,7 @@ def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
     That thread optimises on a period that doubles up to 60 s, and deleting an iterator sometimes waits
     the period out (the wake-up is lost while the thread optimises): a run's training iterator held up
     the end of `ptmjax train` by up to a minute. Without it, AUTOTUNE parallelism stays at its starting
-    value, the smaller of 16 and the number of cores, and the elements are the same (docs/performance.md).
+    value, the smaller of 16 and the number of cores, and the elements are the same (docs/performance_log.md).
     """
     options = tf.data.Options()
     options.autotune.enabled = False

@@ -67,7 +67,7 @@ def token_cross_entropy(
     low = label_smoothing / (vocab - 1)
     # -sum(soft * log_probs) with soft = one_hot * (confidence - low) + low summing to 1, written with the
     # target's logit gathered: no [..., vocab] one-hot product forward or backward (on XLA:CPU, GPT-2's
-    # loss and its gradient took 354 against 513 ms, docs/performance.md). Out-of-range targets gather 0.
+    # loss and its gradient took 354 against 513 ms, docs/performance_log.md). Out-of-range targets gather 0.
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1, mode="fill", fill_value=0.0)[..., 0]
     loss = log_z - (confidence - low) * target_logit
     if label_smoothing:

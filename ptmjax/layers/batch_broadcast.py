@@ -5,7 +5,7 @@ Its gradient sums the batch's cotangents. On one CPU device that sum is
 written as pairwise adds of halves of the batch, which XLA fuses into one
 elementwise loop: XLA:CPU's reduction over a short leading dimension of a
 large array (8 x [8, 512, 512], T5-small's bias gradient) ran at about 4 GB/s,
-the adds at about 26 GB/s, 100 ms against 15 ms per step (docs/performance.md).
+the adds at about 26 GB/s, 100 ms against 15 ms per step (docs/performance_log.md).
 On a mesh of several devices the sum stays XLA's reduction: the SPMD
 partitioner (jaxlib 0.10.2) got the halves of a batch sharded four ways wrong
 (GPT-2's position gradient on a data=2, fsdp=2, tensor=2 CPU mesh).

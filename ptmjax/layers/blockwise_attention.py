@@ -10,7 +10,7 @@ product of the backward pass one that XLA:CPU gives its matmul library without a
 (dV = P^T dO, dK = dS^T Q, and dQ as (K^T dS^T)^T), where the einsum path's backward pass runs some in
 Eigen's slower loops. Where the batch's logits are small enough for the last-level cache (below
 LOOP_BYTES), the einsum path was faster and MultiHeadAttention takes it (`loop_pays`). Measured on a
-2-core CPU, forward and backward of one layer (docs/performance.md): T5-small's encoder attention
+2-core CPU, forward and backward of one layer (docs/performance_log.md): T5-small's encoder attention
 (batch 8, 8 heads, 512 positions, its bias) 112 ms against the einsum path's 144 ms and PyTorch's fused
 CPU kernel's 120 ms; GPT-2 small's (12 heads, causal) 120-136 against 221-232 ms.
 

@@ -85,7 +85,7 @@ def dense_product(inputs: Array, kernel: Array, axis: tuple[int, ...]) -> Array:
     In float32 on the CPU the kernel's gradient is a row-major product with the smaller of the inputs and
     the output's gradient transposed first: left to choose, XLA:CPU transposes the right operand of the
     product, and for an MLP's `wi` that is the hidden gradient [tokens, d_ff] rather than the input
-    [tokens, embed] (T5-small's MLP forward and backward: 225 against 252 ms, docs/performance.md).
+    [tokens, embed] (T5-small's MLP forward and backward: 225 against 252 ms, docs/performance_log.md).
     """
     if target_platform() != "cpu" or jnp.result_type(inputs, kernel) != jnp.float32:
         return precision.dot_general(inputs, kernel, ((axis, tuple(range(len(axis)))), ((), ())))

@@ -5,7 +5,7 @@
 backward pass keeps and reads the unnormalised exponentials and their sums as
 well. Here the tangent is `y * (dx - sum(y * dx))`: the backward pass reads only
 the output `y` and the incoming gradient, which made T5-small's training step
-on a 2-core CPU 2-3% faster (docs/performance.md).
+on a 2-core CPU 2-3% faster (docs/performance_log.md).
 """
 
 from __future__ import annotations
