@@ -69,7 +69,7 @@ FOLDER_ORDER = (
     "layers", "models", "decoding", "families",  # the model maths and the record of each family
     "metrics", "objectives", "data", "tasks",  # text in, examples out; tasks register data and metrics
     "storage", "gin_files",  # model folders and checkpoints; reading a folder's config
-    "evaluation", "training", "adapt", "convert", "inference",
+    "evaluation", "training", "adapt", "compress", "convert", "inference",
     "configurables", "tools", "tensorflow_import", "cli", "train",
 )
 # Reading any config.gin needs every configurable registered: `gin_files.parse_gin` imports them, when called.

@@ -33,21 +33,33 @@ def chunked_token_cross_entropy(
       (loss, z, correct), each float32 [b, t]: as `token_cross_entropy`, and 1.0 where the
       target is the argmax of its logits.
     """
-    batch, length = targets.shape
-    chunks = -(-length // chunk_size)
-    pad = chunks * chunk_size - length
-    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(targets, ((0, 0), (0, pad)))
 
-    @jax.checkpoint
-    def chunk_terms(chunk: tuple[Array, Array]) -> tuple[Array, Array, Array]:
-        chunk_hidden, chunk_targets = chunk
+    def chunk_terms(chunk_hidden: Array, chunk_targets: Array) -> tuple[Array, Array, Array]:
         logits = logits_fn(chunk_hidden)
         loss, z = token_cross_entropy(logits, chunk_targets, z_loss, label_smoothing)
         return loss, z, argmax_hits(logits, chunk_targets)
 
+    return map_over_chunks(chunk_terms, (hidden, targets), chunk_size)
+
+
+def map_over_chunks(
+    fn: Callable[..., tuple[Array, ...]], arrays: tuple[Array, ...], chunk_size: int
+) -> tuple[Array, ...]:
+    """`fn` of the arrays' chunks of `chunk_size` positions, one chunk at a time under `jax.checkpoint`.
+
+    Args:
+      fn: arrays [b, c, ...] -> a tuple of per-position terms [b, c].
+      arrays: [b, t, ...] each, padded with zeros along t up to a multiple of `chunk_size`.
+    Returns:
+      `fn`'s terms for the whole length, [b, t] each.
+    """
+    batch, length = arrays[0].shape[:2]
+    chunks = -(-length // chunk_size)
+    pad = chunks * chunk_size - length
+    padded = [jnp.pad(x, ((0, 0), (0, pad), *((0, 0),) * (x.ndim - 2))) for x in arrays]
+
     def by_chunk(x: Array) -> Array:  # [b, chunks * c, ...] -> [chunks, b, c, ...]
         return jnp.swapaxes(x.reshape(batch, chunks, chunk_size, *x.shape[2:]), 0, 1)
 
-    terms = jax.lax.map(chunk_terms, (by_chunk(hidden), by_chunk(targets)))
+    terms = jax.lax.map(jax.checkpoint(lambda chunk: fn(*chunk)), tuple(by_chunk(x) for x in padded))
     return tuple(jnp.swapaxes(x, 0, 1).reshape(batch, -1)[:, :length] for x in terms)

@@ -120,6 +120,15 @@ class ModelApi:
         With `loss_config.logits_chunk_size` the module gives its final hidden states and the
         logits are made a chunk of positions at a time (ptmjax/families/chunked_logits.py).
         """
+        outputs, variables = self.forward(params, batch, loss_config, dropout_rng)
+        return self.loss_terms(params, outputs, variables, batch, loss_config)
+
+    def forward(
+        self, params: Any, batch: Batch, loss_config: LossConfig, dropout_rng: jax.Array | None = None,
+        mutable: tuple[str, ...] = ("losses",),
+    ) -> tuple[Any, Mapping[str, Any]]:
+        """The module's outputs on `batch` as `loss` reads them (the final hidden states with
+        `loss_config.logits_chunk_size`), and its sown `mutable` collections."""
         if self.family.loss is None:
             raise ValueError(
                 f"{type(self.module).__name__} is not trained on its own; train the model that holds it "
@@ -129,13 +138,17 @@ class ModelApi:
         chunked = loss_config.logits_chunk_size is not None
         if chunked:
             self.check_chunkable()
-        outputs, variables = self.module.apply(
+        return self.module.apply(
             {"params": params}, **self.model_inputs(batch), enable_dropout=train,
-            rngs=self.rngs(dropout_rng, train), mutable=["losses"], method="hidden_states" if chunked else None,
+            rngs=self.rngs(dropout_rng, train), mutable=list(mutable), method="hidden_states" if chunked else None,
         )
-        if chunked:
-            logits_fn = functools.partial(self.module.apply, {"params": params}, method="logits")
-            terms = losses.chunked_sequence_to_sequence_loss(logits_fn, outputs, batch, loss_config)
+
+    def loss_terms(
+        self, params: Any, outputs: Any, variables: Mapping[str, Any], batch: Batch, loss_config: LossConfig
+    ) -> tuple[Array, Array, Stats]:
+        """`loss` of the outputs and sown variables `forward` gave."""
+        if loss_config.logits_chunk_size is not None:
+            terms = losses.chunked_sequence_to_sequence_loss(self.logits_fn(params), outputs, batch, loss_config)
         else:
             terms = self.family.loss(outputs, batch, loss_config)
         sown = jax.tree.leaves(variables.get("losses", {}))
@@ -145,6 +158,10 @@ class ModelApi:
             tokens = stats.counts["token_loss"]
             stats = stats.merge(Stats.of(moe_aux_loss=(aux * tokens, tokens)))
         return terms.token_loss, terms.batch_loss + aux, stats
+
+    def logits_fn(self, params: Any):
+        """The output layer alone, final hidden states [b, c, embed] -> logits [b, c, vocab] (T5, BART, GPT-2)."""
+        return functools.partial(self.module.apply, {"params": params}, method="logits")
 
     def check_chunkable(self) -> None:
         """Raise unless the module is a language model with `hidden_states` and `logits` methods (T5, BART, GPT-2)."""
@@ -179,8 +196,8 @@ class ModelApi:
         else:
             self.check_chunkable()
             hidden = self.module.apply(variables, **inputs, rngs=rngs, method="hidden_states")
-            logits_fn = functools.partial(self.module.apply, variables, method="logits")
-            token_log_probs = -chunked_token_cross_entropy(logits_fn, hidden, targets, logits_chunk_size)[0]
+            token_log_probs = -chunked_token_cross_entropy(self.logits_fn(params), hidden, targets,
+                                                           logits_chunk_size)[0]
         return jnp.sum(token_log_probs * batch[self.family.loss_weights].astype(jnp.float32), axis=-1)
 
     def head_predictions(self, params: Any, batch: Batch) -> Array:

@@ -13,13 +13,15 @@ step, and before each `ExtraState.update`; the evaluation step scores the family
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import jax
+from flax import linen as nn
 
 from ptmjax.families.losses import Stats
 from ptmjax.families.model_api import Batch, ModelApi
 from ptmjax.families.token_loss import LossConfig
+from ptmjax.training.extra_state import ExtraState
 
 
 class Objective(Protocol):
@@ -31,6 +33,18 @@ class Objective(Protocol):
     ) -> tuple[jax.Array, jax.Array, Stats, dict[str, Any]]:
         """(summed token loss, per-batch loss, stats, {entry name: new value}) on `batch`, as `ModelApi.loss`
         returns the first three (see ptmjax/training/steps.py for how the step combines them)."""
+
+
+@runtime_checkable
+class StatefulObjective(Objective, Protocol):
+    """An objective that brings the extra state it reads (a distillation's frozen teacher)."""
+
+    def extra_state(self, model: nn.Module) -> tuple[ExtraState, ...]:
+        """The ExtraState entries it reads, for a run training `model`."""
+
+    def initial_params(self, params: Any, extra: Mapping[str, Any]) -> Any | None:
+        """A fresh run's first parameters, given those initialised and the extra state (a student taking its
+        teacher's layers), or None to keep them; not called for a run from an init checkpoint or a resume."""
 
 
 def family_loss(

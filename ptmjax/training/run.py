@@ -44,6 +44,7 @@ from ptmjax.training.callbacks.preemption import Preemption
 from ptmjax.training.callbacks.progress_log import ProgressLog
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.nonfinite import NonFiniteMonitor, NonFinitePolicy
+from ptmjax.training.objective import Objective
 from ptmjax.training.optimizers import adafactor
 from ptmjax.training.parameter_ema import averaged_params
 from ptmjax.training.prefetch import DevicePrefetcher
@@ -99,6 +100,7 @@ def train(
     nonfinite_policy: NonFinitePolicy | None = None,
     trainable: Sequence[str] | None = None,
     ema_decay: float | None = None,
+    objective: Objective | None = None,
     prefetch_batches: int = 2,
     compilation_cache_dir: str | None = compilation_cache.AUTO,
     callbacks: Sequence[Callback] = (),
@@ -158,6 +160,9 @@ def train(
         `eval_ema_<task>/<metric>`) and keeps it at every checkpoint as
         MODEL_DIR/ema/, a model folder every tool reads
         (ptmjax/training/parameter_ema.py). None: no EMA.
+      objective: what the train step minimises instead of the family's own loss, e.g. `@Distillation()`: a
+        student trained against a frozen teacher (ptmjax/compress/distillation.py); evaluations still score
+        the family's loss. None: the family's loss.
       prefetch_batches: train batches a background thread reads and puts on
         the devices ahead of the step (ptmjax/training/prefetch.py), so the
         host's work overlaps the step's; 0: none, each batch is read and put
@@ -184,7 +189,7 @@ def train(
     spec = RunSpec(
         model=model, batch_size=batch_size, task_feature_lengths=task_feature_lengths, optimizer=optimizer,
         schedule=schedule, loss_config=loss_config, mesh_config=mesh_config, num_microbatches=num_microbatches,
-        pack=pack, trainable=trainable, ema_decay=ema_decay,
+        pack=pack, trainable=trainable, ema_decay=ema_decay, objective=objective,
     )
     run = prepare_run(model_dir, spec, task, seed, init_checkpoint, compilation_cache_dir, resume_step)
     trainer = run.trainer

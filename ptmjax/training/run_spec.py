@@ -15,6 +15,7 @@ from ptmjax import partitioning
 from ptmjax.families.model_api import model_api
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.training.extra_state import ExtraState
+from ptmjax.training.objective import Objective, StatefulObjective, family_loss
 from ptmjax.training.parameter_ema import ParameterEma
 from ptmjax.training.schedules import rsqrt_with_warmup
 from ptmjax.training.trainer import Trainer
@@ -27,7 +28,8 @@ class RunSpec:
 
     None takes the default: T5's rsqrt schedule with warmup, `LossConfig()` and
     `MeshConfig()` with their gin bindings; `ema_decay` None keeps no EMA of the
-    parameters (ptmjax/training/parameter_ema.py).
+    parameters (ptmjax/training/parameter_ema.py); `objective` None minimises the family's own loss
+    (ptmjax/training/objective.py).
     """
 
     model: nn.Module
@@ -41,6 +43,7 @@ class RunSpec:
     pack: bool = True
     trainable: Sequence[str] | None = None
     ema_decay: float | None = None
+    objective: Objective | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task_feature_lengths", dict(self.task_feature_lengths))
@@ -60,11 +63,15 @@ class RunSpec:
                 f"pick a multiple of {ways}"
             )
         return Trainer(self.model, self.optimizer(self.schedule), self.schedule, mesh, self.mesh_config.rules,
-                       self.loss_config, self.num_microbatches, self.trainable, self.extra_state())
+                       self.loss_config, self.num_microbatches, self.trainable, self.extra_state(),
+                       self.objective or family_loss)
 
     def extra_state(self) -> tuple[ExtraState, ...]:
-        """What the run carries beside its parameters: the EMA of `ema_decay`, if set."""
-        return () if self.ema_decay is None else (ParameterEma(self.ema_decay),)
+        """What the run carries beside its parameters: the EMA of `ema_decay`, if set, and what the objective
+        carries (a distillation's teacher)."""
+        ema = () if self.ema_decay is None else (ParameterEma(self.ema_decay),)
+        stateful = isinstance(self.objective, StatefulObjective)
+        return ema + (self.objective.extra_state(self.model) if stateful else ())
 
     def abstract_batch(self, sharding: jax.sharding.Sharding) -> dict[str, jax.ShapeDtypeStruct]:
         """The global batch the family's feature converter produces, as ShapeDtypeStructs on `sharding`."""

@@ -18,8 +18,8 @@ from ptmjax.families import losses
 from ptmjax.families.model_api import ModelApi, model_api
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.training import optimizers, steps
-from ptmjax.training.extra_state import ExtraState, ParamsView
-from ptmjax.training.objective import Objective, family_loss
+from ptmjax.training.extra_state import ExtraState, ParamsView, StoredExtraState
+from ptmjax.training.objective import Objective, StatefulObjective, family_loss
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainable import Trainable
 from ptmjax.tree_paths import leaves_by_path
@@ -71,8 +71,8 @@ class Trainer:
             path for (path, _), trains in zip(leaves_by_path(api.abstract_params), selection.flags, strict=True)
             if trains
         )
-        self.extra_state = tuple(extra_state)
-        self.params_view = view = ParamsView(api.abstract_params, param_shardings, self.trained_paths)
+        self.extra_state, self.objective = tuple(extra_state), objective
+        self.params_view = view = ParamsView(api.abstract_params, param_shardings, self.trained_paths, mesh, rules)
         self.state_shardings = TrainState(
             step=self.replicated, params=param_shardings, opt_state=opt_shardings,
             extra={slot.name: slot.shardings(view) for slot in self.extra_state},
@@ -101,7 +101,7 @@ class Trainer:
     def _run_once_options(self) -> dict[str, int]:
         """XLA options for the programs a run calls once (initialisation). On the CPU, LLVM at -O1 compiles
         them in about two thirds of the time with the same values and no slower a run: demo 4.3 -> 2.9 s,
-        T5 v1.1 base 22 -> 18.7 s (docs/performance.md)."""
+        T5 v1.1 base 22 -> 18.7 s (docs/performance_log.md)."""
         return {"xla_backend_optimization_level": 1} if self.mesh.devices.flat[0].platform == "cpu" else {}
 
     def _shardings(self, api: ModelApi) -> Any:
@@ -112,27 +112,50 @@ class Trainer:
     def init_state(self, rng: jax.Array) -> TrainState:
         """A fresh state, created directly in its sharded layout."""
 
-        @functools.partial(jax.jit, out_shardings=self.state_shardings, compiler_options=self._run_once_options)
+        shardings = self.state_shardings.replace(extra=self._computed_extra_shardings)
+
+        @functools.partial(jax.jit, out_shardings=shardings, compiler_options=self._run_once_options)
         def init(rng):
             params = nn.unbox(self.api.init(rng))
             return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
                               extra=self._init_extra(params))
 
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            return init(rng)
+            state = init(rng)
+        state = state.replace(extra={**state.extra, **self._read_extra()})
+        if isinstance(self.objective, StatefulObjective):
+            with jax.set_mesh(self.mesh):
+                params = self.objective.initial_params(state.params, state.extra)
+            if params is not None:
+                state = self.with_params(state, params)
+        return state
 
     def with_params(self, state: TrainState, params: Any) -> TrainState:
         """`state` (a fresh one) starting from other `params` (an init checkpoint's), its extra state
-        initialised from them."""
-        if not self.extra_state:
+        initialised from them (the stored entries as they were read)."""
+        if not self._computed_extra:
             return state.replace(params=params)
-        init = jax.jit(self._init_extra, out_shardings=self.state_shardings.extra,
+        init = jax.jit(self._init_extra, out_shardings=self._computed_extra_shardings,
                        compiler_options=self._run_once_options)
         with jax.set_mesh(self.mesh):
-            return state.replace(params=params, extra=init(params))
+            return state.replace(params=params, extra={**state.extra, **init(params)})
+
+    @property
+    def _computed_extra(self) -> tuple[ExtraState, ...]:
+        """The extra state computed from the parameters; the rest is read from storage (StoredExtraState)."""
+        return tuple(slot for slot in self.extra_state if not isinstance(slot, StoredExtraState))
+
+    @property
+    def _computed_extra_shardings(self) -> dict[str, Any]:
+        return {slot.name: self.state_shardings.extra[slot.name] for slot in self._computed_extra}
 
     def _init_extra(self, params: Any) -> dict[str, Any]:
-        return {slot.name: slot.init(params, self.params_view) for slot in self.extra_state}
+        return {slot.name: slot.init(params, self.params_view) for slot in self._computed_extra}
+
+    def _read_extra(self) -> dict[str, Any]:
+        with jax.set_mesh(self.mesh):
+            return {slot.name: slot.read(self.params_view) for slot in self.extra_state
+                    if isinstance(slot, StoredExtraState)}
 
     def init_around(self, rng: jax.Array, present: Any) -> Any:
         """The parameters: `present` (some of them, laid out as the trainer's) and the rest initialised around

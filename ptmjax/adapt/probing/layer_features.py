@@ -13,8 +13,10 @@ attention probabilities [layers, b, heads, q, k] are those `MultiHeadAttention` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -78,32 +80,44 @@ class LayerReader:
         return LayerOutputs(np.asarray(hidden), np.asarray(attention))
 
     def _outputs(self, params: Any, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-        stack, calls = self.stack, []
-
-        def record_layer(next_fun, args, kwargs, context):
-            output = next_fun(*args, **kwargs)
-            path = context.module.path
-            if context.method_name == "__call__" and path[:-1] == stack.path and LAYER_NAME.fullmatch(path[-1]):
-                calls.append((args[0], output))
-            return output
-
-        with nn.intercept_methods(record_layer):
+        with recorded_layer_calls(self.stack) as calls:
             final, variables = self.module.apply(
-                {"params": params}, **{stack.tokens_field: tokens}, method=stack.method, mutable=["intermediates"]
+                {"params": params}, **{self.stack.tokens_field: tokens}, method=self.stack.method,
+                mutable=["intermediates"],
             )
         if len(calls) != self.num_layers:
             raise AssertionError(f"recorded {len(calls)} layer calls, expected {self.num_layers}")
         hidden = [calls[0][0], *(output for _, output in calls[:-1]), final]
-        return jnp.stack(hidden).astype(jnp.float32), self._attention(variables["intermediates"])
+        return jnp.stack(hidden).astype(jnp.float32), stack_attention(variables["intermediates"], self.stack)
 
-    def _attention(self, intermediates: Any) -> jax.Array:
-        """The sown self-attention probabilities of the stack's layers, in call order: [layers, b, h, q, k]."""
-        node = intermediates
-        for name in self.stack.path:
-            node = node[name]
-        names = sorted((n for n in node if LAYER_NAME.fullmatch(n)), key=lambda n: int(LAYER_NAME.fullmatch(n)[1]))
-        weights = [w for name in names for w in node[name][ATTENTION]["attention_weights"]]
-        return jnp.stack(weights).astype(jnp.float32)
+
+@contextlib.contextmanager
+def recorded_layer_calls(stack: ProbedStack) -> Iterator[list[tuple[jax.Array, jax.Array]]]:
+    """Within the block, the (input, output) of every call of `stack`'s `layers_{i}` modules, in call order
+    (ALBERT's shared layers once per use), appended to the list it gives; the model must be plain
+    (`plain_model`)."""
+    calls: list[tuple[jax.Array, jax.Array]] = []
+
+    def record_layer(next_fun, args, kwargs, context):
+        output = next_fun(*args, **kwargs)
+        path = context.module.path
+        if context.method_name == "__call__" and path and path[:-1] == stack.path and LAYER_NAME.fullmatch(path[-1]):
+            calls.append((args[0], output))
+        return output
+
+    with nn.intercept_methods(record_layer):
+        yield calls
+
+
+def stack_attention(intermediates: Any, stack: ProbedStack) -> jax.Array:
+    """The self-attention probabilities `stack`'s layers sowed into 'intermediates', in call order:
+    [layers, b, heads, q, k] (the einsum attention path sows them)."""
+    node = intermediates
+    for name in stack.path:
+        node = node[name]
+    names = sorted((n for n in node if LAYER_NAME.fullmatch(n)), key=lambda n: int(LAYER_NAME.fullmatch(n)[1]))
+    weights = [w for name in names for w in node[name][ATTENTION]["attention_weights"]]
+    return jnp.stack(weights).astype(jnp.float32)
 
 
 def padded_batch(rows: list[list[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,196 @@
+"""Knowledge distillation: the run's model (the student) trained to match a frozen teacher in one jitted step,
+on the same mesh, the teacher's parameters in the train state's extra entry 'teacher' (ptmjax/compress/teacher.py).
+
+`train.objective = @Distillation()` makes the train step minimise
+
+    hard_weight * the family's own loss
+    + soft_weight * T² KL(teacher || student) of the target logits at temperature T, on the loss's weighted positions
+    + hidden_weight * a hidden-state loss between mapped layers (DistilBERT's cosine, or squared error)
+    + attention_weight * an attention loss between mapped layers (MiniLM's KL, or TinyBERT's squared error)
+
+each summed over the weighted target positions like the token loss (the step divides by their count); the layer
+terms are averaged over the mapped layers and over each row's tokens, weighted as the row's targets are. The
+teacher runs without dropout and gets no gradient. With `LossConfig.logits_chunk_size` (T5, BART, GPT-2) both
+models' logits are made a chunk of positions at a time, so neither's [batch, length, vocab] logits exist at
+once. The layer losses read the stack the probing tools read (ptmjax/adapt/probing/layer_features.py): the
+encoder family, GPT-2, and T5's and BART's encoder; they need unscanned layers of equal widths (and, for
+attention, equal head counts and einsum attention). The evaluation step, decoding, export and every tool see
+the student alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from ptmjax.adapt.probing.layer_features import probed_stack, recorded_layer_calls, stack_attention
+from ptmjax.compress import distillation_losses as losses
+from ptmjax.compress.layer_maps import checked_layer_map
+from ptmjax.compress.student_init import student_from_teacher
+from ptmjax.compress.teacher import TEACHER, FrozenTeacher
+from ptmjax.families.losses import Stats
+from ptmjax.families.model_api import Batch, ModelApi, model_api
+from ptmjax.families.token_loss import LossConfig
+from ptmjax.layers import layer_stack
+
+HIDDEN_LOSSES = {"cosine": losses.hidden_cosine, "mse": losses.hidden_mse}
+ATTENTION_LOSSES = {"kl": losses.attention_kl, "mse": losses.attention_mse}
+
+
+@dataclasses.dataclass(frozen=True)
+class Distillation:
+    """The distillation objective (see the module docstring).
+
+    Attributes:
+      teacher_dir: the teacher's model folder (a run's, or an import's); its newest checkpoint is read.
+      teacher: the teacher's model; None: the student's own architecture. Bind it with a gin scope, e.g.
+        `Distillation.teacher = @teacher/EncoderDecoder()` and `teacher/T5Config.num_encoder_layers = 12`.
+      temperature: T of the soft targets.
+      hard_weight, soft_weight, hidden_weight, attention_weight: each term's weight (0 leaves it out).
+      hidden_loss: 'cosine' or 'mse'; attention_loss: 'kl' or 'mse'.
+      layers: the teacher layer of each student layer in the layer losses: 'uniform', 'last', 'alternate'
+        (ptmjax/compress/layer_maps.py) or a list of teacher layer indices.
+      init_layers: a fresh student starts from its teacher's parameters, each layer from the teacher layer this
+        map gives it (DistilBERT: 'alternate', or [0, 2, 4, 7, 9, 11]) and the rest from the same paths
+        (ptmjax/compress/student_init.py); None: the student's own initialisation.
+    """
+
+    teacher_dir: str
+    teacher: nn.Module | None = None
+    temperature: float = 2.0
+    hard_weight: float = 1.0
+    soft_weight: float = 1.0
+    hidden_weight: float = 0.0
+    attention_weight: float = 0.0
+    hidden_loss: str = "cosine"
+    attention_loss: str = "kl"
+    layers: str | Sequence[int] = "uniform"
+    init_layers: str | Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, int | float) or self.temperature <= 0:
+            raise ValueError(f"Distillation.temperature={self.temperature!r} must be a positive number, e.g. 2.0")
+        weights = {name: getattr(self, name) for name in ("hard_weight", "soft_weight", "hidden_weight",
+                                                           "attention_weight")}
+        negative = [f"Distillation.{k}={v!r}" for k, v in weights.items() if not isinstance(v, int | float) or v < 0]
+        if negative:
+            raise ValueError(f"{', '.join(negative)}: each weight must be a number >= 0 (0 leaves its term out)")
+        for name, value, known in (("hidden_loss", self.hidden_loss, HIDDEN_LOSSES),
+                                   ("attention_loss", self.attention_loss, ATTENTION_LOSSES)):
+            if value not in known:
+                raise ValueError(f"Distillation.{name}={value!r}: use one of {', '.join(known)}")
+
+    def extra_state(self, model: nn.Module) -> tuple[FrozenTeacher]:
+        """The teacher's parameters, for a run training `model`; checks first that the layer losses can map it."""
+        teacher = FrozenTeacher(self.teacher or model, self.teacher_dir)
+        if self.hidden_weight or self.attention_weight:
+            self._layer_map(model_api(model), teacher.api)
+        return (teacher,)
+
+    def initial_params(self, params: Any, extra: Mapping[str, Any]) -> Any | None:
+        """The fresh student's parameters taken from the teacher's by `init_layers`; None without it."""
+        if self.init_layers is None:
+            return None
+        return student_from_teacher(params, extra[TEACHER], self.init_layers)
+
+    def __call__(
+        self, api: ModelApi, params: Any, batch: Batch, loss_config: LossConfig, rng: jax.Array | None,
+        extra: Mapping[str, Any],
+    ) -> tuple[jax.Array, jax.Array, Stats, dict[str, Any]]:
+        """The Objective (ptmjax/training/objective.py): the weighted terms, and each alone as a metric."""
+        teacher_api = model_api(self.teacher or api.module)
+        layers = bool(self.hidden_weight or self.attention_weight)
+        student, student_layers = self._forward(api, params, batch, loss_config, rng, layers)
+        teacher, teacher_layers = self._forward(teacher_api, extra[TEACHER], batch, loss_config, None, layers)
+        token_loss, batch_loss, stats = api.loss_terms(params, *student, batch, loss_config)
+        weights = batch[api.family.loss_weights].astype(jnp.float32)
+        tokens = jnp.sum(weights)
+        terms = {"distill_hard": self.hard_weight * token_loss}
+        if self.soft_weight:
+            soft = self._soft(api, params, student[0], teacher_api, extra[TEACHER], teacher[0], loss_config)
+            terms["distill_soft"] = self.soft_weight * jnp.sum(soft * weights)
+        if layers:
+            terms |= self._layer_terms(api, teacher_api, student_layers, teacher_layers, batch, tokens)
+        stats = stats.merge(Stats.of(**{name: (value, tokens) for name, value in terms.items()}))
+        total = sum(terms.values())
+        # 'loss' is the objective as optimised (Stats.metrics); each term is logged apart.
+        return total, batch_loss, Stats({**stats.sums, "token_loss": total}, stats.counts), {}
+
+    def _forward(
+        self, api: ModelApi, params: Any, batch: Batch, loss_config: LossConfig, rng: jax.Array | None, layers: bool,
+    ) -> tuple[tuple[Any, Mapping[str, Any]], tuple[list, Any]]:
+        """(outputs, sown variables) as `ModelApi.forward` gives them, and the probed stack's (layer calls,
+        intermediates) when the layer losses need them."""
+        if not layers:
+            return api.forward(params, batch, loss_config, rng), ([], None)
+        with recorded_layer_calls(probed_stack(api.module)) as calls:
+            outputs, variables = api.forward(params, batch, loss_config, rng, mutable=("losses", "intermediates"))
+        return (outputs, variables), (calls, variables.get("intermediates"))
+
+    def _soft(
+        self, api: ModelApi, params: Any, student: Any, teacher_api: ModelApi, teacher_params: Any, teacher: Any,
+        loss_config: LossConfig,
+    ) -> jax.Array:
+        """T² KL(teacher || student) at each target position."""
+        if loss_config.logits_chunk_size is None:
+            return losses.soft_cross_entropy(api.family.target_logits(student),
+                                             teacher_api.family.target_logits(teacher), self.temperature)
+        return losses.chunked_soft_cross_entropy(api.logits_fn(params), student, teacher_api.logits_fn(teacher_params),
+                                                 teacher, self.temperature, loss_config.logits_chunk_size)
+
+    def _layer_terms(
+        self, api: ModelApi, teacher_api: ModelApi, student: tuple[list, Any], teacher: tuple[list, Any],
+        batch: Batch, tokens: jax.Array,
+    ) -> dict[str, jax.Array]:
+        """The hidden-state and attention terms, each averaged over the mapped layers and each row's real tokens,
+        times the row's share of the target positions (`tokens` in all), so that they sum like the token loss."""
+        mapping = self._layer_map(api, teacher_api)
+        if len(student[0]) != len(mapping) or len(teacher[0]) <= max(mapping):
+            raise AssertionError(f"recorded {len(student[0])} student and {len(teacher[0])} teacher layer calls "
+                                 f"for the layer map {mapping}")
+        stack = probed_stack(api.module)
+        real = (batch[stack.tokens_field] != stack.pad_id).astype(jnp.float32)  # [b, s]
+        row_targets = batch[api.family.loss_weights].astype(jnp.float32)
+        row_targets = row_targets.sum(axis=-1) if row_targets.ndim > 1 else row_targets
+        per_token = real * (row_targets / jnp.maximum(real.sum(axis=-1), 1.0))[:, None]  # sums to `tokens`
+        terms = {}
+        if self.hidden_weight:
+            pairs = [(student[0][i][1], teacher[0][j][1]) for i, j in enumerate(mapping)]
+            value = sum(HIDDEN_LOSSES[self.hidden_loss](s, t) for s, t in pairs) / len(pairs)
+            terms["distill_hidden"] = self.hidden_weight * jnp.sum(value * per_token)
+        if self.attention_weight:
+            s_att, t_att = stack_attention(student[1], stack), stack_attention(teacher[1], probed_stack(
+                teacher_api.module))
+            value = sum(ATTENTION_LOSSES[self.attention_loss](s_att[i], t_att[j], real)
+                        for i, j in enumerate(mapping)) / len(mapping)
+            terms["distill_attention"] = self.attention_weight * jnp.sum(value * per_token)
+        return terms
+
+    def _layer_map(self, api: ModelApi, teacher_api: ModelApi) -> list[int]:
+        """The teacher layer of each student layer; one-line errors for what the layer losses cannot compare."""
+        shapes = []
+        for role, model in (("student", api), ("teacher", teacher_api)):
+            config = model.module.config
+            if layer_stack.scanning_config(model.module) is not None or getattr(config, "remat_policy",
+                                                                                 "none") != "none":
+                raise ValueError(f"the layer losses read the {role}'s layers one by one: set its scan_layers = False "
+                                 "and remat_policy = 'none' (or Distillation.hidden_weight and attention_weight to 0)")
+            if self.attention_weight and getattr(config, "attention_kernel", "einsum") != "einsum":
+                raise ValueError(f"Distillation.attention_weight reads the {role}'s attention probabilities, which "
+                                 f"only attention_kernel = 'einsum' gives (it has {config.attention_kernel!r})")
+            probed_stack(model.module)  # raises for a model without a probed stack
+            shapes.append((getattr(config, "num_layers", None) or config.num_encoder_layers, config.d_model,
+                           config.num_heads))
+        (student_layers, student_width, student_heads), (teacher_layers, teacher_width, teacher_heads) = shapes
+        if self.hidden_weight and student_width != teacher_width:
+            raise ValueError(f"Distillation.hidden_weight compares hidden states of equal widths; the student's are "
+                             f"{student_width} wide, the teacher's {teacher_width}")
+        if self.attention_weight and student_heads != teacher_heads:
+            raise ValueError(f"Distillation.attention_weight compares heads one to one; the student has "
+                             f"{student_heads}, the teacher {teacher_heads}")
+        return checked_layer_map(self.layers, student_layers, teacher_layers)
