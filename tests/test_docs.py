@@ -151,8 +151,9 @@ def script_module(script: str, monkeypatch):
 def test_every_generated_table_is_the_one_its_results_file_gives(monkeypatch):
     marked = [(page, script, name, body) for page in PAGES
               for script, name, body in results_files.marked_tables(page.read_text())]
-    assert {script for _, script, _, _ in marked} >= {"benchmarks/aot_compile_table.py",
-                                                      "experiments/peft_comparison/run.py"}
+    assert {script for _, script, _, _ in marked} >= {
+        "benchmarks/aot_compile_table.py", "benchmarks/train_throughput.py", "benchmarks/decode_throughput.py",
+        "benchmarks/input_pipeline.py", "experiments/peft_comparison/run.py", "experiments/objective_comparison/run.py"}
     for page, script, name, body in marked:
         tables = script_module(script, monkeypatch).tables()
         assert name in tables, f"{page_id(page)}: {script} renders no table {name!r}"

@@ -39,9 +39,11 @@ from ptmjax.families.registry import family_of
 from ptmjax.gin_files import parse_gin, read_model_config, resolve_gin_file
 from ptmjax.storage.model_dir import ModelDir
 from ptmjax.tasks import module_classification, objective_mixture, pretraining
+from ptmjax.tools import results_files
 from ptmjax.training.run import train
 
 EXPERIMENT_DIR = pathlib.Path(__file__).resolve().parent
+SCRIPT = "experiments/objective_comparison/run.py"  # how the README's table markers name this script
 REPO_DIR = EXPERIMENT_DIR.parents[1]
 OBJECTIVES = {  # the name in the table -> its seqio task
     "T5 span corruption": pretraining.STDLIB_TASK,
@@ -294,6 +296,31 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def learning_rates(results: dict[str, Any], other: dict[str, Any]) -> str:
+    """Each objective's accuracy and loss at two fine-tuning learning rates (the same pre-trained models)."""
+    rates = [f"{r['setting']['finetune_learning_rate']:g}" for r in (results, other)]
+    lines = ["| objective | " + " | ".join(f"accuracy at {rate} | vs no pre-training [95% CI]" for rate in rates)
+             + f" | val loss {' / '.join(rates)} |", "|---|---|---|---|---|---|"]
+    for row, other_row in zip(results["rows"], other["rows"], strict=True):
+        cells = []
+        for r in (row, other_row):
+            low, high = r["accuracy_vs_baseline_95"]
+            difference = f"{r['accuracy_vs_baseline']:+.3f} [{low:+.3f}, {high:+.3f}]" if r["pretrain"] else "-"
+            cells += [f"{r['accuracy_mean']:.3f}", difference]
+        losses = " / ".join(f"{r['downstream_eval_loss_mean']:.3f}" for r in (row, other_row))
+        lines.append(f"| {row['objective']} | {' | '.join(cells)} | {losses} |")
+    return "\n".join(lines) + "\n"
+
+
+def tables() -> dict[str, str]:
+    """The README's tables: the reduced setting's results (`reduced`, results.json, as results.md states it
+    without its title) and both fine-tuning learning rates side by side (`learning_rates`, with
+    results_lr0.003.json)."""
+    results = json.loads((EXPERIMENT_DIR / "results.json").read_text())
+    other = json.loads((EXPERIMENT_DIR / "results_lr0.003.json").read_text())
+    return {"reduced": markdown(results).split("\n", 2)[2], "learning_rates": learning_rates(results, other)}
+
+
 def plot(results: dict[str, Any], path: pathlib.Path) -> None:
     """Pre-training loss curves, and downstream accuracy and validation loss per objective."""
     import matplotlib
@@ -359,11 +386,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name in [*OBJECTIVES, BASELINE]
     }
 
-    results = summarise(setting, args.model_gin, pretrained, finetuned)
+    results = {"measured": results_files.run_record(), **summarise(setting, args.model_gin, pretrained, finetuned)}
     (EXPERIMENT_DIR / f"results{suffix}.json").write_text(json.dumps(results, indent=1) + "\n")
     text = markdown(results)
     (EXPERIMENT_DIR / f"results{suffix}.md").write_text(text)
     plot(results, EXPERIMENT_DIR / f"objective_comparison{suffix}.png")
+    if suffix in ("", "_lr0.003"):  # the results the README's tables state
+        results_files.rewrite_tables(EXPERIMENT_DIR / "README.md", SCRIPT, tables())
     print(text)
 
 
