@@ -244,8 +244,9 @@ def decode_cells(row: dict) -> list[str]:
     mfu = {key: statistics.median(row["flops"] / run[key] / run["peak_flops"] for run in runs) for key in rates}
     ratios = [a / b for a, b in zip(rates["ptmjax_s"], rates["hf_s"], strict=True)]
     spread = f" ({results_files.spread(ratios)})" if len(ratios) > 1 else ""
-    rate = lambda key: f"{statistics.median(rates[key]):,.{1 if statistics.median(rates[key]) < 1000 else 0}f}"  # noqa: E731
-    return [row["model"], row["method"], str(row["batch"]), rate("ptmjax_s"), rate("hf_s"),
+    medians = {key: statistics.median(values) for key, values in rates.items()}
+    rate = {key: f"{value:,.{1 if value < 1000 else 0}f}" for key, value in medians.items()}
+    return [row["model"], row["method"], str(row["batch"]), rate["ptmjax_s"], rate["hf_s"],
             f"{statistics.median(ratios):.2f}x{spread}",
             f"{mfu['ptmjax_s']:.1%}", f"{mfu['hf_s']:.1%}", f"{statistics.median(r['compile_s'] for r in runs):.1f}",
             f"{min(r['same_rows'] for r in runs)}/{row['batch']} rows"]

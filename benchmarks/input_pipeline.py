@@ -182,10 +182,9 @@ def startup_table(entries: dict[str, dict]) -> str:
 
 def tables() -> dict[str, str]:
     """docs/benchmarks.md's tables, from benchmarks/results/input_pipeline.json and input_pipeline_startup.json."""
-    found = {name: RESULTS / f"{stem}.json" for name, stem in (("pipeline", "input_pipeline"),
-                                                               ("startup", "input_pipeline_startup"))}
-    render = {"pipeline": throughput_table, "startup": startup_table}
-    return {name: render[name](json.loads(path.read_text())) for name, path in found.items() if path.exists()}
+    files = (("pipeline", "input_pipeline", throughput_table), ("startup", "input_pipeline_startup", startup_table))
+    return {name: render(json.loads((RESULTS / f"{stem}.json").read_text()))
+            for name, stem, render in files if (RESULTS / f"{stem}.json").exists()}
 
 
 def main() -> None:

@@ -349,11 +349,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     seconds, "peak_gib": peak device GiB or None}}}."""
     peaks = matmul_peak_flops(args.device, args.dtype)
     print("Measured " + ", ".join(f"{k} {v / 1e12:.3f}" for k, v in peaks.items()) + " TFLOP/s", file=sys.stderr)
-    rows = {name: time_in_child(args, framework, env) for name, (framework, env) in child_runs(args.device == "cpu")
-            .items()}
-    return {"peak_flops": max(peaks.values()), "frameworks": {
-        name: {"step_s": statistics.median(times), "peak_gib": peak_bytes / 2**30 if peak_bytes else None}
-        for name, (times, peak_bytes) in ((name, row) for name, row in rows.items() if row is not None)}}
+    frameworks = {}
+    for name, (framework, env) in child_runs(args.device == "cpu").items():
+        row = time_in_child(args, framework, env)
+        if row is not None:  # None: PyTorch is not installed
+            times, peak_bytes = row
+            frameworks[name] = {"step_s": statistics.median(times),
+                                "peak_gib": peak_bytes / 2**30 if peak_bytes else None}
+    return {"peak_flops": max(peaks.values()), "frameworks": frameworks}
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from ptmjax.adapt.probing.layer_features import probed_stack, recorded_layer_calls, stack_attention
+from ptmjax.adapt.probing.layer_features import probed_stack, recorded_layer_calls, stack_attention, stack_depth
 from ptmjax.compress import distillation_losses as losses
 from ptmjax.compress.layer_maps import checked_layer_map
 from ptmjax.compress.student_init import student_from_teacher
@@ -115,7 +115,7 @@ class Distillation:
             soft = self._soft(api, params, student[0], teacher_api, extra[TEACHER], teacher[0], loss_config)
             terms["distill_soft"] = self.soft_weight * jnp.sum(soft * weights)
         if layers:
-            terms |= self._layer_terms(api, teacher_api, student_layers, teacher_layers, batch, tokens)
+            terms |= self._layer_terms(api, teacher_api, student_layers, teacher_layers, batch, weights)
         stats = stats.merge(Stats.of(**{name: (value, tokens) for name, value in terms.items()}))
         total = sum(terms.values())
         # 'loss' is the objective as optimised (Stats.metrics); each term is logged apart.
@@ -145,19 +145,19 @@ class Distillation:
 
     def _layer_terms(
         self, api: ModelApi, teacher_api: ModelApi, student: tuple[list, Any], teacher: tuple[list, Any],
-        batch: Batch, tokens: jax.Array,
+        batch: Batch, weights: jax.Array,
     ) -> dict[str, jax.Array]:
         """The hidden-state and attention terms, each averaged over the mapped layers and each row's real tokens,
-        times the row's share of the target positions (`tokens` in all), so that they sum like the token loss."""
+        times the row's share of the target positions (`weights`, the loss's), so that they sum like the token
+        loss."""
         mapping = self._layer_map(api, teacher_api)
         if len(student[0]) != len(mapping) or len(teacher[0]) <= max(mapping):
             raise AssertionError(f"recorded {len(student[0])} student and {len(teacher[0])} teacher layer calls "
                                  f"for the layer map {mapping}")
         stack = probed_stack(api.module)
         real = (batch[stack.tokens_field] != stack.pad_id).astype(jnp.float32)  # [b, s]
-        row_targets = batch[api.family.loss_weights].astype(jnp.float32)
-        row_targets = row_targets.sum(axis=-1) if row_targets.ndim > 1 else row_targets
-        per_token = real * (row_targets / jnp.maximum(real.sum(axis=-1), 1.0))[:, None]  # sums to `tokens`
+        row_targets = weights.sum(axis=-1) if weights.ndim > 1 else weights
+        per_token = real * (row_targets / jnp.maximum(real.sum(axis=-1), 1.0))[:, None]  # sums to the weights' sum
         terms = {}
         if self.hidden_weight:
             pairs = [(student[0][i][1], teacher[0][j][1]) for i, j in enumerate(mapping)]
@@ -184,8 +184,7 @@ class Distillation:
                 raise ValueError(f"Distillation.attention_weight reads the {role}'s attention probabilities, which "
                                  f"only attention_kernel = 'einsum' gives (it has {config.attention_kernel!r})")
             probed_stack(model.module)  # raises for a model without a probed stack
-            shapes.append((getattr(config, "num_layers", None) or config.num_encoder_layers, config.d_model,
-                           config.num_heads))
+            shapes.append((stack_depth(model.module), config.d_model, config.num_heads))
         (student_layers, student_width, student_heads), (teacher_layers, teacher_width, teacher_heads) = shapes
         if self.hidden_weight and student_width != teacher_width:
             raise ValueError(f"Distillation.hidden_weight compares hidden states of equal widths; the student's are "

@@ -43,6 +43,12 @@ def probed_stack(module: nn.Module) -> ProbedStack:
     return stack(module)
 
 
+def stack_depth(module: nn.Module) -> int:
+    """Layers of `module`'s probed stack, counting each use of a shared (ALBERT) layer."""
+    config = module.config
+    return getattr(config, "num_layers", None) or config.num_encoder_layers
+
+
 def plain_model(module: nn.Module, params: Any) -> tuple[nn.Module, Any]:
     """`module` unscanned and without remat, and `params` in its (unscanned) layout."""
     if layer_stack.scanning_config(module) is not None:
@@ -71,8 +77,7 @@ class LayerReader:
     @property
     def num_layers(self) -> int:
         """Layers of the probed stack, counting each use of a shared (ALBERT) layer."""
-        config = self.module.config
-        return getattr(config, "num_layers", None) or config.num_encoder_layers
+        return stack_depth(self.module)
 
     def __call__(self, tokens: np.ndarray) -> LayerOutputs:
         """tokens int [b, s], padded with the model's pad id (GPT-2: any id after the real ones)."""
