@@ -7,14 +7,18 @@ so that it is sharded by the same rules as the parameters it follows), how it
 starts from the initial parameters, and how each finite train step changes
 it, inside the jitted step. A `StoredExtraState` starts from storage instead (a frozen teacher's
 parameters, read from its model folder): the trainer reads it, already sharded, beside the jitted
-initialisation. A step with a non-finite loss or gradient leaves
-it as it was, like the parameters. The checkpoint saves it with the rest of
-the state; a resume restores it and checks its shapes (ptmjax/training/resume_check.py).
+initialisation. A step with a non-finite loss or gradient leaves it as it was, like the parameters.
+The checkpoint saves it with the rest of the state; a resume restores it and checks its shapes
+(ptmjax/training/resume_check.py). A `ScheduledExtraState` also changes between steps, by a callback
+of its own. A `ParamsConstraint` also limits the parameters themselves (pruning masks zero the pruned
+weights): the trainer applies it to the initial parameters and after every finite step, so no forward
+pass sees parameters outside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from jax.sharding import Mesh
@@ -22,11 +26,13 @@ from jax.sharding import Mesh
 
 @dataclasses.dataclass(frozen=True)
 class ParamsView:
-    """What an ExtraState may build on: the parameters' abstract arrays and shardings (in the model's own
-    layout), the paths of those the step trains, and the mesh and logical-axis rules they are sharded by."""
+    """What an ExtraState may build on: the parameters' abstract arrays, shardings and logical axis names (in
+    the model's own layout: a scanned stack's leaves lead with the 'layers' axis), the paths of those the step
+    trains, and the mesh and logical-axis rules they are sharded by."""
 
     abstract_params: Any
     param_shardings: Any
+    logical_axes: Any
     trained_paths: tuple[str, ...]
     mesh: Mesh
     rules: Any
@@ -67,3 +73,41 @@ class StoredExtraState(Protocol):
 
     def update(self, value: Any, params: Any, view: ParamsView) -> Any:
         """Its value after a finite step (traced inside the train step)."""
+
+
+@runtime_checkable
+class ParamsConstraint(Protocol):
+    """An ExtraState that also constrains the parameters (pruning masks: the pruned weights are zero)."""
+
+    name: str
+
+    def abstract(self, view: ParamsView) -> Any: ...
+
+    def shardings(self, view: ParamsView) -> Any: ...
+
+    def init(self, params: Any, view: ParamsView) -> Any: ...
+
+    def update(self, value: Any, params: Any, view: ParamsView) -> Any: ...
+
+    def constrain(self, params: Any, value: Any, view: ParamsView) -> Any:
+        """`params` as the run may hold them given its value (traced under jit)."""
+
+
+@runtime_checkable
+class ScheduledExtraState(Protocol):
+    """An ExtraState that also changes between steps, on a schedule of its own (pruning masks): a run adds
+    its callback (ptmjax/training/callbacks/callback.py) to its own, before the checkpointing one, which
+    then saves what it did."""
+
+    name: str
+
+    def callback(self, trainer: Any, bar: Any = None) -> Any:
+        """The Callback that acts for it in the run of `trainer`, printing through the progress `bar`."""
+
+
+def constrained(params: Any, extra: dict[str, Any], slots: Sequence[Any], view: ParamsView) -> Any:
+    """`params` with every ParamsConstraint among `slots` applied, from its value in `extra`."""
+    for slot in slots:
+        if isinstance(slot, ParamsConstraint):
+            params = slot.constrain(params, extra[slot.name], view)
+    return params

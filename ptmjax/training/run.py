@@ -42,6 +42,7 @@ from ptmjax.training.callbacks.loss_evaluation import PARAMS, LossEvaluation
 from ptmjax.training.callbacks.nonfinite_watch import NonFiniteWatch
 from ptmjax.training.callbacks.preemption import Preemption
 from ptmjax.training.callbacks.progress_log import ProgressLog
+from ptmjax.training.extra_state import ExtraState, ScheduledExtraState
 from ptmjax.training.metrics_log import MetricsLog
 from ptmjax.training.nonfinite import NonFiniteMonitor, NonFinitePolicy
 from ptmjax.training.objective import Objective
@@ -101,6 +102,7 @@ def train(
     trainable: Sequence[str] | None = None,
     ema_decay: float | None = None,
     objective: Objective | None = None,
+    extra_state: Sequence[ExtraState] = (),
     prefetch_batches: int = 2,
     compilation_cache_dir: str | None = compilation_cache.AUTO,
     callbacks: Sequence[Callback] = (),
@@ -163,6 +165,10 @@ def train(
       objective: what the train step minimises instead of the family's own loss, e.g. `@Distillation()`: a
         student trained against a frozen teacher (ptmjax/compress/distillation.py); evaluations still score
         the family's loss. None: the family's loss.
+      extra_state: more state the run carries beside its parameters, checkpointed and resumed with them
+        (ptmjax/training/extra_state.py), e.g. `[@MagnitudePruning()]`: pruning masks that keep the smallest
+        weights at zero, updated on their schedule by a callback of their own
+        (ptmjax/compress/magnitude_pruning.py).
       prefetch_batches: train batches a background thread reads and puts on
         the devices ahead of the step (ptmjax/training/prefetch.py), so the
         host's work overlaps the step's; 0: none, each batch is read and put
@@ -190,6 +196,7 @@ def train(
         model=model, batch_size=batch_size, task_feature_lengths=task_feature_lengths, optimizer=optimizer,
         schedule=schedule, loss_config=loss_config, mesh_config=mesh_config, num_microbatches=num_microbatches,
         pack=pack, trainable=trainable, ema_decay=ema_decay, objective=objective,
+        extra_state=extra_state,
     )
     run = prepare_run(model_dir, spec, task, seed, init_checkpoint, compilation_cache_dir, resume_step)
     trainer = run.trainer
@@ -234,7 +241,9 @@ def train(
                                        parameter_sets)
             task_eval = InferenceEvaluation(inference_eval_every, evaluators, best, run.part, log, bar, clock,
                                             parameter_sets)
-            built = [Preemption(), NonFiniteWatch(nonfinite), logged,
+            scheduled = [slot.callback(trainer, bar if primary else None) for slot in spec.extra_state
+                         if isinstance(slot, ScheduledExtraState)]
+            built = [Preemption(), NonFiniteWatch(nonfinite), *scheduled, logged,
                      Checkpointing(checkpoint_every, checkpointer, nonfinite, run.part, train_batches.state)]
             if ema_decay is not None:
                 ema_folder = run.params_folder(EMA_DIR, primary, asynchronous=True)

@@ -29,7 +29,7 @@ class RunSpec:
     None takes the default: T5's rsqrt schedule with warmup, `LossConfig()` and
     `MeshConfig()` with their gin bindings; `ema_decay` None keeps no EMA of the
     parameters (ptmjax/training/parameter_ema.py); `objective` None minimises the family's own loss
-    (ptmjax/training/objective.py).
+    (ptmjax/training/objective.py); `extra_state` is more state the run carries (ptmjax/training/extra_state.py).
     """
 
     model: nn.Module
@@ -44,13 +44,18 @@ class RunSpec:
     trainable: Sequence[str] | None = None
     ema_decay: float | None = None
     objective: Objective | None = None
+    extra_state: Sequence[ExtraState] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task_feature_lengths", dict(self.task_feature_lengths))
         object.__setattr__(self, "schedule", self.schedule or rsqrt_with_warmup())
         object.__setattr__(self, "loss_config", self.loss_config or LossConfig())
         object.__setattr__(self, "mesh_config", self.mesh_config or partitioning.MeshConfig())
-        self.extra_state()  # checks ema_decay here, before anything is built
+        object.__setattr__(self, "extra_state", tuple(self.extra_state))
+        carried = [slot.name for slot in self.carried()]  # checks ema_decay here, before anything is built
+        if len(set(carried)) < len(carried):
+            raise ValueError(f"the run carries two extra states of one name: {carried}; give train.extra_state "
+                             "entries of other kinds than the EMA's and the objective's")
 
     def trainer(self, mesh: Mesh) -> Trainer:
         """The Trainer of this run on `mesh`; checks first that the batch splits over it."""
@@ -63,15 +68,15 @@ class RunSpec:
                 f"pick a multiple of {ways}"
             )
         return Trainer(self.model, self.optimizer(self.schedule), self.schedule, mesh, self.mesh_config.rules,
-                       self.loss_config, self.num_microbatches, self.trainable, self.extra_state(),
+                       self.loss_config, self.num_microbatches, self.trainable, self.carried(),
                        self.objective or family_loss)
 
-    def extra_state(self) -> tuple[ExtraState, ...]:
-        """What the run carries beside its parameters: the EMA of `ema_decay`, if set, and what the objective
-        carries (a distillation's teacher)."""
+    def carried(self) -> tuple[ExtraState, ...]:
+        """What the run carries beside its parameters: the EMA of `ema_decay`, if set, what the objective
+        carries (a distillation's teacher), and `extra_state` (pruning masks)."""
         ema = () if self.ema_decay is None else (ParameterEma(self.ema_decay),)
         stateful = isinstance(self.objective, StatefulObjective)
-        return ema + (self.objective.extra_state(self.model) if stateful else ())
+        return ema + (self.objective.extra_state(self.model) if stateful else ()) + self.extra_state
 
     def abstract_batch(self, sharding: jax.sharding.Sharding) -> dict[str, jax.ShapeDtypeStruct]:
         """The global batch the family's feature converter produces, as ShapeDtypeStructs on `sharding`."""

@@ -47,6 +47,7 @@ def run_steps(
             event = StepEvent(step + 1, state, metrics, batch, final=step + 1 == num_steps)
             for callback in callbacks:
                 callback.on_step(event)
+            state = event.state
             if event.stopping:
                 bar.write(event.stop_note)
                 return state, True

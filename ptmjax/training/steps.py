@@ -31,7 +31,7 @@ from ptmjax import partitioning
 from ptmjax.families.losses import Stats
 from ptmjax.families.model_api import Batch, ModelApi
 from ptmjax.families.token_loss import LossConfig
-from ptmjax.training.extra_state import ExtraState, ParamsView
+from ptmjax.training.extra_state import ExtraState, ParamsView, constrained
 from ptmjax.training.nonfinite import FINITE
 from ptmjax.training.objective import Objective, family_loss
 from ptmjax.training.train_state import TrainState
@@ -60,8 +60,9 @@ def make_train_step(
     (ptmjax/training/trainable.py).
     `objective` (default: the family's loss) may read `state.extra` and return
     new values of its entries (ptmjax/training/objective.py); after a finite
-    step, those are kept and each of `extra_state` then updates its entry from
-    the new parameters (ptmjax/training/extra_state.py).
+    step, those are kept, the new parameters are constrained by those of `extra_state`
+    that are ParamsConstraints (pruning masks), and each of `extra_state` then updates its
+    entry from them (ptmjax/training/extra_state.py).
     """
 
     loss_weights = api.family.loss_weights
@@ -118,10 +119,10 @@ def make_train_step(
             def updated():
                 updates, opt_state = tx.update(all_grads, state.opt_state, state.params)
                 trained = chosen.take(optax.apply_updates(state.params, updates))
-                params = chosen.put(state.params, trained)
+                params = constrained(chosen.put(state.params, trained), new_extra, extra_state, params_view)
                 extra = {**new_extra, **{slot.name: slot.update(new_extra[slot.name], params, params_view)
                                          for slot in extra_state}}
-                return trained, opt_state, extra
+                return chosen.take(params), opt_state, extra
 
             # Only the branch taken runs: a finite step pays for no select between new and old state.
             trained, opt_state, extra = jax.lax.cond(

@@ -18,7 +18,7 @@ from ptmjax.families import losses
 from ptmjax.families.model_api import ModelApi, model_api
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.training import optimizers, steps
-from ptmjax.training.extra_state import ExtraState, ParamsView, StoredExtraState
+from ptmjax.training.extra_state import ExtraState, ParamsConstraint, ParamsView, StoredExtraState, constrained
 from ptmjax.training.objective import Objective, StatefulObjective, family_loss
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainable import Trainable
@@ -72,7 +72,9 @@ class Trainer:
             if trains
         )
         self.extra_state, self.objective = tuple(extra_state), objective
-        self.params_view = view = ParamsView(api.abstract_params, param_shardings, self.trained_paths, mesh, rules)
+        self.params_view = view = ParamsView(
+            api.abstract_params, param_shardings, self.logical_axes, self.trained_paths, mesh, rules
+        )
         self.state_shardings = TrainState(
             step=self.replicated, params=param_shardings, opt_state=opt_shardings,
             extra={slot.name: slot.shardings(view) for slot in self.extra_state},
@@ -116,9 +118,9 @@ class Trainer:
 
         @functools.partial(jax.jit, out_shardings=shardings, compiler_options=self._run_once_options)
         def init(rng):
-            params = nn.unbox(self.api.init(rng))
+            params, extra = self._init_extra(nn.unbox(self.api.init(rng)))
             return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params),
-                              extra=self._init_extra(params))
+                              extra=extra)
 
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             state = init(rng)
@@ -131,14 +133,15 @@ class Trainer:
         return state
 
     def with_params(self, state: TrainState, params: Any) -> TrainState:
-        """`state` (a fresh one) starting from other `params` (an init checkpoint's), its extra state
-        initialised from them (the stored entries as they were read)."""
+        """`state` (a fresh one) starting from other `params` (an init checkpoint's), constrained and its extra
+        state initialised from them (the stored entries as they were read)."""
         if not self._computed_extra:
             return state.replace(params=params)
-        init = jax.jit(self._init_extra, out_shardings=self._computed_extra_shardings,
+        init = jax.jit(self._init_extra, out_shardings=(self.state_shardings.params, self._computed_extra_shardings),
                        compiler_options=self._run_once_options)
         with jax.set_mesh(self.mesh):
-            return state.replace(params=params, extra={**state.extra, **init(params)})
+            params, extra = init(params)
+        return state.replace(params=params, extra={**state.extra, **extra})
 
     @property
     def _computed_extra(self) -> tuple[ExtraState, ...]:
@@ -149,8 +152,15 @@ class Trainer:
     def _computed_extra_shardings(self) -> dict[str, Any]:
         return {slot.name: self.state_shardings.extra[slot.name] for slot in self._computed_extra}
 
-    def _init_extra(self, params: Any) -> dict[str, Any]:
-        return {slot.name: slot.init(params, self.params_view) for slot in self._computed_extra}
+    def _init_extra(self, params: Any) -> tuple[Any, dict[str, Any]]:
+        """The initial parameters under the run's constraints (ParamsConstraint, e.g. pruning masks, first
+        initialised from them), and the computed extra state: the rest initialised from the constrained ones."""
+        view = self.params_view
+        constraints = {slot.name: slot.init(params, view) for slot in self._computed_extra
+                       if isinstance(slot, ParamsConstraint)}
+        params = constrained(params, constraints, self.extra_state, view)
+        return params, {**constraints, **{slot.name: slot.init(params, view) for slot in self._computed_extra
+                                          if slot.name not in constraints}}
 
     def _read_extra(self) -> dict[str, Any]:
         with jax.set_mesh(self.mesh):

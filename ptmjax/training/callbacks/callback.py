@@ -27,6 +27,8 @@ class StepEvent:
     `metrics` are still on the devices: reading one waits for the step, so a
     callback reads them only when it acts. `stop(note)` ends the run after this
     step (the checkpointing callback then saves it); `note` is printed.
+    `replace_state(state)` hands the later callbacks and the next step another
+    state (a pruning schedule's new masks), laid out as the trainer's.
     """
 
     step: int  # the steps done, this one included
@@ -42,6 +44,9 @@ class StepEvent:
 
     def stop(self, note: str) -> None:
         self.stop_note = note
+
+    def replace_state(self, state: TrainState) -> None:
+        self.state = state
 
 
 class Callback:
