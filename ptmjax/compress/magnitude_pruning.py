@@ -34,7 +34,6 @@ from ptmjax.compress.magnitude_masks import kept_masks
 from ptmjax.compress.pruning_schedule import PruningSchedule
 from ptmjax.layers.layer_stack import SCANNED
 from ptmjax.training.extra_state import ParamsView
-from ptmjax.training.trainer import Trainer
 from ptmjax.tree_paths import leaves_by_path, overlay, subtree
 
 PRUNING = "pruning"
@@ -130,7 +129,7 @@ class MagnitudePruning:
     def update(self, value: Any, params: Any, view: ParamsView) -> Any:
         return value
 
-    def callback(self, trainer: Trainer, bar: tqdm | None = None) -> PruningSchedule:
+    def callback(self, trainer: Any, bar: tqdm | None = None) -> PruningSchedule:
         return PruningSchedule(self, trainer, bar)
 
     def constrain(self, params: Any, value: Any, view: ParamsView) -> Any:

@@ -16,14 +16,13 @@ from tqdm.auto import tqdm
 from ptmjax.compress.magnitude_masks import sparsity_of
 from ptmjax.training.callbacks.callback import Callback, StepEvent
 from ptmjax.training.train_state import TrainState
-from ptmjax.training.trainer import Trainer
 from ptmjax.tree_paths import overlay, subtree
 
 
 class PruningSchedule(Callback):
     """Updates the masks of `pruning` (a MagnitudePruning, an extra state of `trainer`'s run) on its schedule."""
 
-    def __init__(self, pruning: Any, trainer: Trainer, bar: tqdm | None = None):
+    def __init__(self, pruning: Any, trainer: Any, bar: tqdm | None = None):
         self.pruning, self.trainer, self.bar = pruning, trainer, bar
         self._pruned = jax.jit(self.pruned, out_shardings=trainer.state_shardings, donate_argnums=(0,))
 
