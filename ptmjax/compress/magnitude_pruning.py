@@ -1,6 +1,6 @@
 """Magnitude weight pruning: masks in the train state's extra entry 'pruning' zero the smallest weights.
 
-`train.pruning = @MagnitudePruning()` keeps a boolean mask (True: kept) over each trained parameter that
+`train.extra_state = [@MagnitudePruning()]` keeps a boolean mask (True: kept) over each trained parameter that
 `targets` matches (by default the kernels inside the layer stacks, not embeddings or output heads); the
 trainer zeroes the pruned weights in the initial parameters and after every step
 (ptmjax/training/extra_state.py `ParamsConstraint`), so they stay exactly zero through training and resume.

@@ -201,3 +201,18 @@ def test_bad_settings_are_refused_in_one_line(settings, message):
 def test_targets_that_match_no_trained_parameter_are_refused():
     with pytest.raises(ValueError, match=r"targets=\['nothing/.\*'\] match none of the trained parameters"):
         trainer_and_batches(MagnitudePruning(0.5, targets=("nothing/.*",)), steps=0)
+
+
+def test_the_demo_run_file_binds_gradual_pruning_of_the_layer_kernels():
+    import gin
+
+    from ptmjax import gin_files
+
+    try:
+        gin_files.parse_gin(["runs/prune_demo.gin"])
+        (reference,) = gin.query_parameter("train.extra_state")
+        pruning = reference.scoped_configurable_fn()
+    finally:
+        gin.clear_config()
+    assert pruning == MagnitudePruning(0.5, begin_step=0, end_step=200, frequency=25)
+    assert [pruning.sparsity_at(step) for step in (0, 100, 200)] == pytest.approx([0.0, 0.4375, 0.5])
