@@ -26,6 +26,8 @@ CORE = [
     "sacrebleu>=2.6,<3",
     "rouge-score>=0.1.2,<0.2",
     "nltk>=3.10,<4",
+    # Quantization's numerics (ptmjax/compress/quantization.py): pure Python over jax and flax.
+    "qwix>=0.1.8,<0.2",
 ]
 
 setuptools.setup(

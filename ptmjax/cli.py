@@ -1,6 +1,7 @@
 """The `ptmjax` command line: `ptmjax train --gin_file=... --gin_bindings=...`, `ptmjax inspect MODEL_DIR`,
 `ptmjax convert --from-hf HF_DIR --to MODEL_DIR`, `ptmjax convert --from MODEL_DIR --to-hf HF_DIR`,
-`ptmjax compile --topology=v5p:4x4x8 --gin_file=...` and `ptmjax probe --model_dir DIR`.
+`ptmjax quantize --from MODEL_DIR --to OUT_DIR`, `ptmjax compile --topology=v5p:4x4x8 --gin_file=...` and
+`ptmjax probe --model_dir DIR`.
 
 Errors a user can fix print one line on stderr and exit with status 1: a
 ValueError (a bad setting the code checks, a mesh that does not fit the
@@ -50,6 +51,10 @@ EXAMPLES = {
     "convert": (["ptmjax convert --from-hf /path/to/hf_dir --to runs/imported",
                  "ptmjax convert --from runs/finetuned --to-hf /path/to/out"], "docs/models.md"),
     "inspect": (["ptmjax inspect runs/demo"], "docs/scale.md"),
+    "quantize": (["ptmjax quantize --from runs/demo --to runs/demo_int8",
+                  "ptmjax quantize --from runs/demo --to runs/demo_w8a8 --activations int8",
+                  "ptmjax quantize --from runs/demo --to runs/demo_int4 --weights int4 --tile_size 32"],
+                 "docs/compression.md"),
 }
 # the name of an expected error's class -> the page of docs/ that explains it and what to do
 ERROR_PAGES = {
@@ -108,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_inspect_parser(commands)
     _add_convert_parser(commands)
+    _add_quantize_parser(commands)
     _add_compile_parser(commands)
     _add_eval_parser(commands)
     _add_infer_parser(commands)
@@ -245,6 +251,24 @@ def _add_convert_parser(commands: argparse._SubParsersAction) -> None:
                          help="replace a --to or --to-hf folder that is not empty (refused otherwise)")
 
 
+def _add_quantize_parser(commands: argparse._SubParsersAction) -> None:
+    quantize = _command(
+        commands, "quantize", help="quantize a model folder after training (int8 / int4 weights, int8 "
+        "activations) into a new model folder", parents=[_AFTER],
+    )
+    quantize.add_argument("--from", dest="from_dir", required=True, help="a ptmjax model folder (a run or import)")
+    quantize.add_argument("--to", dest="to_dir", required=True, help="the quantized model folder to write")
+    quantize.add_argument("--weights", default="int8", help="the kernels' integer type: int8 or int4 (default int8)")
+    quantize.add_argument("--activations", default=None,
+                          help="int8: quantize each product's input per token too (w8a8); default: weights only")
+    quantize.add_argument("--tile_size", type=int, default=None,
+                          help="one scale per this many weights along the contracted dim (default: per channel)")
+    quantize.add_argument("--targets", default=None, help="regex over the Dense module paths to quantize "
+                          "(default: every Dense in the layer stacks, not embeddings or output heads)")
+    quantize.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+    quantize.add_argument("--overwrite", action="store_true", help="replace a --to folder that is not empty")
+
+
 def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
     inspect = _command(
         commands, "inspect", help="table of a run's parameters: shapes, logical axes, sharding, bytes per device; "
@@ -341,6 +365,16 @@ def run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_quantize(args: argparse.Namespace) -> int:
+    from ptmjax.tools.quantize import quantize_folder
+
+    targets = {"targets": args.targets} if args.targets else {}
+    path = quantize_folder(args.from_dir, args.to_dir, args.weights, args.activations, args.tile_size,
+                           step=args.step, overwrite=args.overwrite, **targets)
+    print(f"Quantized {args.from_dir} -> {path} (read it with ptmjax.load, eval, infer or inspect)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     tensorflow_import.hold_back(tensorflow_import.KERAS_EXTRAS)  # before anything imports TensorFlow
     args = _parser().parse_args(argv)  # imports nothing heavy: the corpus is read while TensorFlow imports
@@ -385,6 +419,8 @@ def _run(args: argparse.Namespace) -> int:
         return run_inspect(args)
     if args.command == "convert":
         return run_convert(args)
+    if args.command == "quantize":
+        return run_quantize(args)
     if args.command == "compile":
         from ptmjax.tools.aot_compile import main as run_compile
 

@@ -9,6 +9,7 @@ from ptmjax import partitioning  # noqa: F401
 from ptmjax.adapt import adapters, bitfit, lora, p_tuning, prefix_tuning, prompt_tuning
 from ptmjax.compress.distillation import Distillation
 from ptmjax.compress.magnitude_pruning import MagnitudePruning
+from ptmjax.compress.quantization import quantized
 from ptmjax.data import language_tags  # noqa: F401
 from ptmjax.families import token_loss  # noqa: F401
 from ptmjax.families.registry import MODEL_CLASSES
@@ -40,6 +41,7 @@ for model_class in MODEL_CLASSES:
 gin.external_configurable(lora.lora, module="ptmjax.adapt")
 gin.external_configurable(Distillation, module="ptmjax.compress")
 gin.external_configurable(MagnitudePruning, module="ptmjax.compress")
+gin.external_configurable(quantized, module="ptmjax.compress")
 gin.external_configurable(adapters.adapters, module="ptmjax.adapt")
 gin.external_configurable(prompt_tuning.prompt_tuning, module="ptmjax.adapt")
 gin.external_configurable(p_tuning.p_tuning, module="ptmjax.adapt")

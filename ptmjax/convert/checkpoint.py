@@ -57,7 +57,7 @@ def import_hf(hf_dir: str, model_dir: str, overwrite: bool = False) -> str:
     config = f"# Imported from {os.path.abspath(hf_dir)} by `ptmjax convert`.\n" + model_gin(model)
     same_import = _read(ModelDir(model_dir).config_path) == config
     if not (overwrite or same_import):
-        _refuse_non_empty(model_dir, "--to", "a ptmjax model folder")
+        refuse_non_empty(model_dir, "--to", "a ptmjax model folder")
     with written_whole(model_dir) as staging:
         folder = ModelDir(staging)
         hf_tokenizer.copy_tokenizer_files(hf_dir, folder.tokenizer_path)
@@ -79,7 +79,7 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None, overwrite: b
     A non-empty `hf_dir` is refused unless `overwrite`, which replaces it; the directory is written whole.
     """
     if not overwrite:
-        _refuse_non_empty(hf_dir, "--to-hf", "a Hugging Face directory")
+        refuse_non_empty(hf_dir, "--to-hf", "a Hugging Face directory")
     folder = ModelDir(model_dir)
     model, _ = gin_files.read_model_config(folder)
     api = model_api(model)
@@ -105,12 +105,12 @@ def _read(path: str) -> str | None:
         return f.read()
 
 
-def _refuse_non_empty(path: str, flag: str, what: str) -> None:
+def refuse_non_empty(path: str, flag: str, what: str, command: str = "ptmjax convert") -> None:
     """Raises, naming what `path` holds, unless it is missing or empty."""
     names = sorted(os.listdir(path)) if os.path.isdir(path) else []
     if names:
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         raise FileExistsError(
-            f"{path} is not empty (it holds {shown}); `ptmjax convert` writes {what} of its own there: give "
+            f"{path} is not empty (it holds {shown}); `{command}` writes {what} of its own there: give "
             f"{flag} a new folder, or add --overwrite to replace everything in it"
         )

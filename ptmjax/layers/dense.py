@@ -47,8 +47,17 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, inputs: Array) -> Array:
-        axis = _normalize_axes(self.axis, inputs.ndim)
-        in_shape = tuple(inputs.shape[a] for a in axis)
+        axis = self.contracted_axes(inputs.ndim)
+        kernel = self.kernel_param(tuple(inputs.shape[a] for a in axis))
+        out = dense_product(jnp.asarray(inputs, self.dtype), jnp.asarray(kernel, self.dtype), axis)
+        return self.with_bias(out)
+
+    def contracted_axes(self, ndim: int) -> tuple[int, ...]:
+        """The input dims the kernel contracts (`axis`, made non-negative)."""
+        return _normalize_axes(self.axis, ndim)
+
+    def kernel_param(self, in_shape: tuple[int, ...]) -> Array:
+        """The `kernel` parameter [in_shape..., features...], variance-scaled by its fan-in."""
         kernel_shape = in_shape + tuple(self.features)
         if len(self.kernel_axes) != len(kernel_shape):
             raise ValueError(
@@ -63,20 +72,19 @@ class Dense(nn.Module):
             in_axis=tuple(range(n_in)),
             out_axis=tuple(range(n_in, n_in + n_out)),
         )
-        kernel = self.param(
-            "kernel", nn.with_logical_partitioning(init, self.kernel_axes), kernel_shape, self.param_dtype
+        return self.param("kernel", nn.with_logical_partitioning(init, self.kernel_axes), kernel_shape,
+                          self.param_dtype)
+
+    def with_bias(self, out: Array) -> Array:
+        """`out` plus the zero-initialised `bias` [features...] if `use_bias`, named by the output axes."""
+        if not self.use_bias:
+            return out
+        bias_axes = tuple(self.kernel_axes[len(self.kernel_axes) - len(self.features):])
+        bias = self.param(
+            "bias", nn.with_logical_partitioning(nn.initializers.zeros, bias_axes), tuple(self.features),
+            self.param_dtype,
         )
-        kernel = jnp.asarray(kernel, self.dtype)
-        inputs = jnp.asarray(inputs, self.dtype)
-        out = dense_product(inputs, kernel, axis)
-        if self.use_bias:
-            bias_axes = tuple(self.kernel_axes[n_in:])
-            bias = self.param(
-                "bias", nn.with_logical_partitioning(nn.initializers.zeros, bias_axes), tuple(self.features),
-                self.param_dtype,
-            )
-            out = out + jnp.asarray(bias, self.dtype)
-        return out
+        return out + jnp.asarray(bias, self.dtype)
 
 
 def dense_product(inputs: Array, kernel: Array, axis: tuple[int, ...]) -> Array:
