@@ -53,7 +53,7 @@ EXAMPLES = {
     "inspect": (["ptmjax inspect runs/demo"], "docs/scale.md"),
     "quantize": (["ptmjax quantize --from runs/demo --to runs/demo_int8",
                   "ptmjax quantize --from runs/demo --to runs/demo_w8a8 --activations int8",
-                  "ptmjax quantize --from runs/demo --to runs/demo_int4 --weights int4 --tile_size 32"],
+                  "ptmjax quantize --from runs/demo --to runs/demo_int4 --weights int4 --tile_size 16"],
                  "docs/compression.md"),
 }
 # the name of an expected error's class -> the page of docs/ that explains it and what to do
