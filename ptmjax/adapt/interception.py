@@ -23,6 +23,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -58,6 +59,34 @@ def base_model(model: nn.Module, kind: type) -> nn.Module:
         raise ValueError(f"{type(model).__name__} is not a {kind.field} model (it has no {kind.field} field).")
     base = type(model).__bases__[0]
     return base(**_fields(model, base))
+
+
+@dataclasses.dataclass
+class DenseTargets:
+    """Which Dense modules a call of an adapted model targets: the paths it has seen, how many `targets` (a
+    regex over '/'-joined module paths) matched, and the error when none did."""
+
+    targets: str
+    setting: str  # how the user set `targets`, for the error, e.g. 'lora targets'
+    seen: list[str] = dataclasses.field(default_factory=list)
+    targeted: int = 0
+
+    def match(self, module: nn.Module) -> str | None:
+        """The module's path if `targets` fully matches it, else None (the path is recorded either way)."""
+        path = "/".join(module.scope.path)
+        self.seen.append(path)
+        if not re.fullmatch(self.targets, path):
+            return None
+        self.targeted += 1
+        return path
+
+    def check(self, model: nn.Module) -> None:
+        """At initialisation, refuses targets that matched none of the Dense modules seen."""
+        if model.is_initializing() and self.seen and not self.targeted:
+            raise ValueError(
+                f"{self.setting}={self.targets!r} match no Dense module of {type(model).__name__} (its paths: "
+                f"{', '.join(self.seen[:4])}, ...); give a regex that fully matches the paths to adapt."
+            )
 
 
 def current_call(kind: type) -> Any:

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.adapt import interception
-from ptmjax.adapt.interception import adapted
+from ptmjax.adapt.interception import DenseTargets, adapted
 from ptmjax.layers import precision
 from ptmjax.layers.dense import Dense
 
@@ -78,17 +78,16 @@ class LoraSettings:
         return self.alpha / self.rank
 
     def start(self, model: nn.Module, arguments: dict[str, Any]) -> _Call:
-        return _Call(self, bool(arguments.get("enable_dropout", False)))
+        return _Call(self, bool(arguments.get("enable_dropout", False)), DenseTargets(self.targets, "lora targets"))
 
 
 @dataclasses.dataclass
 class _Call:
-    """The LoRA model call in progress: its settings, whether dropout is on, and the Dense paths it has seen."""
+    """The LoRA model call in progress: its settings, whether dropout is on, and the Dense modules it targets."""
 
     settings: LoraSettings
     enable_dropout: bool
-    seen: list[str] = dataclasses.field(default_factory=list)
-    targeted: int = 0
+    targets: DenseTargets
 
     def intercept(self, next_fun: Callable[..., Any], args: tuple, kwargs: dict, context: Any) -> Any:
         """A targeted Dense's output plus its LoRA update; every other call unchanged."""
@@ -96,19 +95,12 @@ class _Call:
         module = context.module
         if context.method_name != "__call__" or not isinstance(module, Dense):
             return out
-        path = "/".join(module.scope.path)
-        self.seen.append(path)
-        if not re.fullmatch(self.settings.targets, path):
+        if self.targets.match(module) is None:
             return out
-        self.targeted += 1
         return out + _update(module, args[0] if args else kwargs["inputs"], self).astype(out.dtype)
 
     def finish(self, model: nn.Module) -> None:
-        if model.is_initializing() and self.seen and not self.targeted:
-            raise ValueError(
-                f"lora targets={self.settings.targets!r} match no Dense module of {type(model).__name__} (its paths: "
-                f"{', '.join(self.seen[:4])}, ...); give a regex that fully matches the paths to adapt."
-            )
+        self.targets.check(model)
 
 
 def lora(

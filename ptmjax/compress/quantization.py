@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import qwix
 
 from ptmjax.adapt import interception
-from ptmjax.adapt.interception import adapted
+from ptmjax.adapt.interception import DenseTargets, adapted
 from ptmjax.families.model_api import model_api
 from ptmjax.layers.dense import Dense
 
@@ -89,35 +89,28 @@ class QuantizationSettings:
             raise ValueError(f"quantized targets={self.targets!r} is not a valid regex ({error})") from None
 
     def start(self, model: nn.Module, arguments: dict[str, Any]) -> _Call:
-        return _Call(self)
+        return _Call(self, DenseTargets(self.targets, "quantized targets"))
 
 
 @dataclasses.dataclass
 class _Call:
-    """The quantized model's call in progress: its settings and the Dense paths it has seen."""
+    """The quantized model's call in progress: its settings and the Dense modules it targets."""
 
     settings: QuantizationSettings
-    seen: list[str] = dataclasses.field(default_factory=list)
-    targeted: int = 0
+    targets: DenseTargets
 
     def intercept(self, next_fun: Callable[..., Any], args: tuple, kwargs: dict, context: Any) -> Any:
         """A targeted Dense's product with its quantized kernel; every other call unchanged."""
         module = context.module
         if context.method_name != "__call__" or not isinstance(module, Dense):
             return next_fun(*args, **kwargs)
-        path = "/".join(module.scope.path)
-        self.seen.append(path)
-        if not re.fullmatch(self.settings.targets, path):
+        path = self.targets.match(module)
+        if path is None:
             return next_fun(*args, **kwargs)
-        self.targeted += 1
         return _quantized_product(module, args[0] if args else kwargs["inputs"], self.settings, path)
 
     def finish(self, model: nn.Module) -> None:
-        if model.is_initializing() and self.seen and not self.targeted:
-            raise ValueError(
-                f"quantized targets={self.settings.targets!r} match no Dense module of {type(model).__name__} (its "
-                f"paths: {', '.join(self.seen[:4])}, ...); give a regex that fully matches the paths to quantize."
-            )
+        self.targets.check(model)
 
 
 def quantized(
