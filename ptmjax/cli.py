@@ -1,6 +1,7 @@
 """The `ptmjax` command line: `ptmjax train --gin_file=... --gin_bindings=...`, `ptmjax inspect MODEL_DIR`,
 `ptmjax convert --from-hf HF_DIR --to MODEL_DIR`, `ptmjax convert --from MODEL_DIR --to-hf HF_DIR`,
-`ptmjax quantize --from MODEL_DIR --to OUT_DIR`, `ptmjax compile --topology=v5p:4x4x8 --gin_file=...` and
+`ptmjax quantize --from MODEL_DIR --to OUT_DIR`, `ptmjax prune-heads --from MODEL_DIR --to OUT_DIR --task T
+--fraction F`, `ptmjax compile --topology=v5p:4x4x8 --gin_file=...` and
 `ptmjax probe --model_dir DIR`.
 
 Errors a user can fix print one line on stderr and exit with status 1: a
@@ -55,6 +56,10 @@ EXAMPLES = {
                   "ptmjax quantize --from runs/demo --to runs/demo_w8a8 --activations int8",
                   "ptmjax quantize --from runs/demo --to runs/demo_int4 --weights int4 --tile_size 16"],
                  "docs/compression.md"),
+    "prune-heads": (["ptmjax prune-heads --from runs/bert_demo --to runs/bert_demo_pruned --task ptmjax_stdlib_mlm_nsp "
+                     "--fraction 0.5", "ptmjax prune-heads --from runs/demo --to runs/demo_heads --task "
+                     "ptmjax_pretrain --fraction 0.25 --keep_shapes    # full size, for Hugging Face export"],
+                    "docs/compression.md"),
 }
 # the name of an expected error's class -> the page of docs/ that explains it and what to do
 ERROR_PAGES = {
@@ -114,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_inspect_parser(commands)
     _add_convert_parser(commands)
     _add_quantize_parser(commands)
+    _add_prune_heads_parser(commands)
     _add_compile_parser(commands)
     _add_eval_parser(commands)
     _add_infer_parser(commands)
@@ -258,7 +264,8 @@ def _add_quantize_parser(commands: argparse._SubParsersAction) -> None:
     )
     quantize.add_argument("--from", dest="from_dir", required=True, help="a ptmjax model folder (a run or import)")
     quantize.add_argument("--to", dest="to_dir", required=True, help="the quantized model folder to write")
-    quantize.add_argument("--weights", default="int8", help="the kernels' integer type: int8 or int4 (default int8)")
+    quantize.add_argument("--weights", default=None, help="the kernels' type: int8, int4, nf4, ternary or binary "
+                          "(default int8; a fake-quantized run's own)")
     quantize.add_argument("--activations", default=None,
                           help="int8: quantize each product's input per token too (w8a8); default: weights only")
     quantize.add_argument("--tile_size", type=int, default=None,
@@ -267,6 +274,25 @@ def _add_quantize_parser(commands: argparse._SubParsersAction) -> None:
                           "(default: every Dense in the layer stacks, not embeddings or output heads)")
     quantize.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
     quantize.add_argument("--overwrite", action="store_true", help="replace a --to folder that is not empty")
+
+
+def _add_prune_heads_parser(commands: argparse._SubParsersAction) -> None:
+    prune = _command(commands, "prune-heads", help="remove a model folder's least important attention heads "
+                     "(Michel et al.) into a new model folder", parents=[_AFTER])
+    prune.add_argument("--from", dest="from_dir", required=True, help="a ptmjax model folder (a run or import)")
+    prune.add_argument("--to", dest="to_dir", required=True, help="the head-pruned model folder to write")
+    prune.add_argument("--task", required=True, help="the seqio task whose loss scores the heads")
+    prune.add_argument("--fraction", type=float, required=True, help="the share of all heads to prune, in [0, 1)")
+    prune.add_argument("--split", default="validation", help="the task's split to score on (default validation)")
+    prune.add_argument("--num_batches", type=int, default=8, help="batches to score on (default 8)")
+    prune.add_argument("--batch_size", type=int, default=8, help="examples per batch (default 8)")
+    prune.add_argument("--inputs_length", type=int, default=None,
+                       help="with --targets_length: the task's lengths (default: the folder's task_feature_lengths)")
+    prune.add_argument("--targets_length", type=int, default=None)
+    prune.add_argument("--keep_shapes", action="store_true", help="keep full-size kernels, the pruned heads' output "
+                       "rows zero (a model Hugging Face export takes) instead of smaller ones")
+    prune.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+    prune.add_argument("--overwrite", action="store_true", help="replace a --to folder that is not empty")
 
 
 def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
@@ -366,12 +392,27 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def run_quantize(args: argparse.Namespace) -> int:
+    from ptmjax.tools.inspection import format_bytes
     from ptmjax.tools.quantize import quantize_folder
 
-    targets = {"targets": args.targets} if args.targets else {}
-    path = quantize_folder(args.from_dir, args.to_dir, args.weights, args.activations, args.tile_size,
-                           step=args.step, overwrite=args.overwrite, **targets)
-    print(f"Quantized {args.from_dir} -> {path} (read it with ptmjax.load, eval, infer or inspect)")
+    written = quantize_folder(args.from_dir, args.to_dir, args.weights, args.activations, args.tile_size,
+                              args.targets, step=args.step, overwrite=args.overwrite)
+    print(f"Quantized {args.from_dir} -> {written.checkpoint} (read it with ptmjax.load, eval, infer or inspect): "
+          f"parameters {format_bytes(written.float_bytes)} -> {format_bytes(written.quantized_bytes)}, "
+          f"{format_bytes(written.disk_bytes)} on disk")
+    return 0
+
+
+def run_prune_heads(args: argparse.Namespace) -> int:
+    from ptmjax.tools.prune_heads import prune_heads_folder
+
+    lengths = {name: length for name, length in (("inputs", args.inputs_length), ("targets", args.targets_length))
+               if length is not None}
+    path = prune_heads_folder(args.from_dir, args.to_dir, args.task, args.fraction, split=args.split,
+                              num_batches=args.num_batches, batch_size=args.batch_size,
+                              task_feature_lengths=lengths or None, keep_shapes=args.keep_shapes, step=args.step,
+                              overwrite=args.overwrite)
+    print(f"Pruned heads of {args.from_dir} -> {path} (read it with ptmjax.load, eval, infer or inspect)")
     return 0
 
 
@@ -421,6 +462,8 @@ def _run(args: argparse.Namespace) -> int:
         return run_convert(args)
     if args.command == "quantize":
         return run_quantize(args)
+    if args.command == "prune-heads":
+        return run_prune_heads(args)
     if args.command == "compile":
         from ptmjax.tools.aot_compile import main as run_compile
 

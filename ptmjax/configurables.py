@@ -8,6 +8,8 @@ import gin
 from ptmjax import partitioning  # noqa: F401
 from ptmjax.adapt import adapters, bitfit, lora, p_tuning, prefix_tuning, prompt_tuning
 from ptmjax.compress.distillation import Distillation
+from ptmjax.compress.fake_quantization import fake_quantized
+from ptmjax.compress.head_pruning import head_pruned
 from ptmjax.compress.magnitude_pruning import MagnitudePruning
 from ptmjax.compress.quantization import quantized
 from ptmjax.data import language_tags  # noqa: F401
@@ -42,6 +44,8 @@ gin.external_configurable(lora.lora, module="ptmjax.adapt")
 gin.external_configurable(Distillation, module="ptmjax.compress")
 gin.external_configurable(MagnitudePruning, module="ptmjax.compress")
 gin.external_configurable(quantized, module="ptmjax.compress")
+gin.external_configurable(head_pruned, module="ptmjax.compress")
+gin.external_configurable(fake_quantized, module="ptmjax.compress")
 gin.external_configurable(adapters.adapters, module="ptmjax.adapt")
 gin.external_configurable(prompt_tuning.prompt_tuning, module="ptmjax.adapt")
 gin.external_configurable(p_tuning.p_tuning, module="ptmjax.adapt")

@@ -6,26 +6,22 @@ adapted by interception (ptmjax/adapt/interception.py: a subclass of its own cla
 path ('/'-joined, e.g. 'encoder/layers_0/attention/query'; scanned stacks '.../layers/...') `targets` matches
 in full holds its kernel quantized:
 
-- `kernel`: integers of the `weights` type (int8, or int4 stored as jnp.int4), the float kernel's shape and
-  logical axes, so the partitioning rules shard it as before;
+- `kernel`: the integers of `weights` ('int8'; 'int4'; 'nf4' indices as uint4; 'ternary' or 'binary' as
+  int4), the float kernel's shape and logical axes, so the partitioning rules shard it as before;
 - `kernel_scale`: float32, one scale per output channel (the kernel's shape with its contracted dims 1), or
   with `tile_size` one per tile of `tile_size` weights along the last contracted dim (sub-channel scales);
   named by the kernel's output axes (None for the contracted ones).
 
-Symmetric absmax (Q8BERT's): scale = max |w| / q_max over the channel or tile (q_max 127 for int8, 7 for
-int4), the kernel the nearest integer of w / scale. (qwix's default bound is q_max + 1/2, which puts each
-channel's largest magnitude exactly on a rounding tie, so that a negative one becomes -q_max - 1 or -q_max
-as float rounding upstream falls; with int8 activations that made a sharded model's logits differ from one
-device's by most of the quantization error. Here that weight or activation is q_max exactly.)
-
-With `activations='int8'` (w8a8) each product also quantizes its input per row (dynamic range: the absmax
-over the contracted dims of each token, at run time) and multiplies integers with integer accumulation;
-without it (weight-only) the kernel is dequantized into a float product. The numerics are qwix's
-(`qwix.quantize`, `qwix.dot_general` on `qwix.QArray`s).
+The integers and scales are quantization_scheme.py's. With `activations='int8'` (w8a8) each product also
+quantizes its input per row (dynamic range: the absmax over the contracted dims of each token, at run time)
+and multiplies integers with integer accumulation; without it the kernel is dequantized into a float
+product. The numerics are qwix's (`qwix.quantize`, `qwix.dot_general` on `qwix.QArray`s).
 
 A fresh `init` quantizes the float initialisation; `quantize_params(model, params)` quantizes a float model's
 parameters (the targeted kernels; every other parameter is kept as it is); the quantized model refuses a
-float kernel in a call that cannot change its parameters.
+float kernel in a call that cannot change its parameters; `dequantized_params` is the way back, the float
+model's parameters that compute what the weight-only quantized model computes. LoRA goes on top of a
+quantized model (QLoRA: `lora(quantized(model, weights='nf4', tile_size=64))`), not under it.
 
 Why not qwix's model interception (`qwix.quantize_model` with a `PtqProvider`, 0.1.8): its quantized
 parameters are `WithAux` wrappers (a `QArray` with how it was quantized) in the parameter tree, which the
@@ -36,7 +32,6 @@ they stay arrays with logical axes, and the interception is the one every PEFT m
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -47,46 +42,22 @@ import qwix
 
 from ptmjax.adapt import interception
 from ptmjax.adapt.interception import DenseTargets, adapted
+from ptmjax.compress.quantization_scheme import LAYER_DENSES, QuantizationScheme, refuse_lora_under
 from ptmjax.families.model_api import model_api
 from ptmjax.layers.dense import Dense
 
 Array = jax.Array
 
-WEIGHT_TYPES = {"int8": jnp.int8, "int4": jnp.int4}
-ACTIVATION_TYPES = {"int8": jnp.int8}
-Q_MAX = {"int8": 127, "int4": 7}
-LAYER_DENSES = r"(.*/)?layers(_\d+)?/.*"  # every Dense inside a layer stack: not embeddings or output heads
 SCALE = "kernel_scale"
 
 
 @dataclasses.dataclass(frozen=True)
-class QuantizationSettings:
-    """The weights' integer type, the activations' (None: weight-only), the sub-channel tile size (None: one
-    scale per output channel) and the Dense module paths quantized (a regex)."""
+class QuantizationSettings(QuantizationScheme):
+    """The quantized model's scheme (quantization_scheme.QuantizationScheme): its kernels stored as integers."""
 
     field: ClassVar[str] = "quantization"
     class_prefix: ClassVar[str] = "Quantized"
     title: ClassVar[str] = "quantization"
-
-    weights: str = "int8"
-    activations: str | None = None
-    tile_size: int | None = None
-    targets: str = LAYER_DENSES
-
-    def __post_init__(self) -> None:
-        if self.weights not in WEIGHT_TYPES:
-            raise ValueError(f"quantized weights={self.weights!r} must be one of {sorted(WEIGHT_TYPES)}")
-        if self.activations is not None and self.activations not in ACTIVATION_TYPES:
-            raise ValueError(f"quantized activations={self.activations!r} must be None (weight-only) or one of "
-                             f"{sorted(ACTIVATION_TYPES)}")
-        if self.tile_size is not None and (isinstance(self.tile_size, bool) or not isinstance(self.tile_size, int)
-                                           or self.tile_size < 1):
-            raise ValueError(f"quantized tile_size={self.tile_size!r} must be a positive int (e.g. 32) or None "
-                             "(one scale per output channel)")
-        try:
-            re.compile(self.targets)
-        except re.error as error:
-            raise ValueError(f"quantized targets={self.targets!r} is not a valid regex ({error})") from None
 
     def start(self, model: nn.Module, arguments: dict[str, Any]) -> _Call:
         return _Call(self, DenseTargets(self.targets, "quantized targets"))
@@ -118,6 +89,7 @@ def quantized(
     targets: str = LAYER_DENSES,
 ) -> nn.Module:
     """`model` with the Dense kernels whose module path `targets` fully matches quantized (module docstring)."""
+    refuse_lora_under(model, "quantized")
     return adapted(model, QuantizationSettings(weights, activations, tile_size, targets))
 
 
@@ -133,25 +105,6 @@ def quantize_params(model: nn.Module, params: Any) -> Any:
     return model_api(model).init_around(jax.random.key(0), params)
 
 
-def quantize_kernel(kernel: Array, contracted: int, settings: QuantizationSettings) -> qwix.QArray:
-    """`kernel` [in..., out...] (its first `contracted` dims contracted) as integers and float32 scales."""
-    tiled = None
-    if settings.tile_size is not None:
-        size = kernel.shape[contracted - 1]
-        if size % settings.tile_size:
-            raise ValueError(f"quantized tile_size={settings.tile_size} does not divide a kernel's contracted dim of "
-                             f"{size} (kernel shape {kernel.shape}); give a divisor of it")
-        tiled = {contracted - 1: settings.tile_size}
-    return qwix.quantize(jnp.asarray(kernel, jnp.float32), WEIGHT_TYPES[settings.weights],
-                         channelwise_axes=tuple(range(contracted, kernel.ndim)), tiled_axes=tiled,
-                         calibration_method=absmax_calibration(settings.weights))
-
-
-def absmax_calibration(qtype: str) -> str:
-    """qwix's calibration for scale = absmax / q_max (its own bound is q_max + 1/2: the module docstring)."""
-    return f"absmax,{(Q_MAX[qtype] + 0.5) / Q_MAX[qtype]!r}"
-
-
 def _quantized_product(dense: Dense, inputs: Array, settings: QuantizationSettings, path: str) -> Array:
     """`dense(inputs)` with its kernel quantized: quantized in place first if it is still float."""
     axis = dense.contracted_axes(inputs.ndim)
@@ -164,13 +117,10 @@ def _quantized_product(dense: Dense, inputs: Array, settings: QuantizationSettin
     else:
         scale = dense.get_variable("params", SCALE)
         scale = scale.unbox() if isinstance(scale, nn.Partitioned) else scale
-    weight = qwix.QArray(kernel, jnp.asarray(scale, dense.dtype))
+    weight = settings.stored_kernel(kernel, scale, dense.dtype)
     x = jnp.asarray(inputs, dense.dtype)
     if settings.activations is not None:
-        tiled = None if settings.tile_size is None else {axis[-1]: settings.tile_size}
-        rows = tuple(a for a in range(x.ndim) if a not in axis)
-        x = qwix.quantize(x, ACTIVATION_TYPES[settings.activations], channelwise_axes=rows, tiled_axes=tiled,
-                          calibration_method=absmax_calibration(settings.activations))
+        x = settings.quantize_inputs(x, axis)
     dimensions = ((axis, tuple(range(len(axis)))), ((), ()))
     out = qwix.dot_general(x, weight, dimensions, preferred_element_type=dense.dtype)
     return dense.with_bias(jnp.asarray(out, dense.dtype))
@@ -178,7 +128,7 @@ def _quantized_product(dense: Dense, inputs: Array, settings: QuantizationSettin
 
 def _store_quantized(dense: Dense, kernel: Array, contracted: int, settings: QuantizationSettings) -> tuple:
     """Replaces `dense`'s float kernel by its integers and adds their scales, boxed as the kernel was."""
-    quantized_kernel = quantize_kernel(kernel, contracted, settings)
+    quantized_kernel = settings.quantize_kernel(kernel, contracted)
     scale_axes = (None,) * contracted + tuple(dense.kernel_axes[contracted:])
     box = dense.get_variable("params", "kernel")
     for name, value, names in (("kernel", quantized_kernel.qvalue, box.names if isinstance(box, nn.Partitioned)

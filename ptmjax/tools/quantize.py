@@ -2,7 +2,9 @@
 into a new model folder that `ptmjax.load`, `eval`, `infer` and `inspect` read as any other.
 
 The new folder's config.gin is the source's with the model bound as `@quantized()` of the source's model
-(ptmjax/compress/quantization.py); its checkpoint, at the source's step, holds the quantized parameters (integer
+(ptmjax/compress/quantization.py). A quantization-aware training run (`@fake_quantized()`,
+ptmjax/compress/fake_quantization.py) is quantized by its own scheme, to the integers it trained with; its
+checkpoint, at the source's step, holds the quantized parameters (integer
 kernels and their scales, the other parameters as they were); an import's tokenizer, generation ids and
 sentence-transformers files come along. The parameters are quantized on a data-parallel mesh of all devices,
 in one jitted program. The folder is written whole: a failed command leaves what was at OUT_DIR.
@@ -10,6 +12,7 @@ in one jitted program. The folder is written whole: a failed command leaves what
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -18,7 +21,9 @@ import shutil
 import jax
 
 from ptmjax import gin_files, partitioning
-from ptmjax.compress.quantization import LAYER_DENSES, QuantizationSettings, quantize_params, quantized
+from ptmjax.compress import fake_quantization
+from ptmjax.compress.fake_quantization import FakeQuantizationSettings
+from ptmjax.compress.quantization import QuantizationSettings, quantize_params, quantized
 from ptmjax.convert.checkpoint import refuse_non_empty
 from ptmjax.data import sentence_pooling
 from ptmjax.families.model_api import model_api
@@ -26,25 +31,41 @@ from ptmjax.storage.model_dir import ModelDir
 from ptmjax.storage.written_whole import written_whole
 
 MODEL_BINDING = re.compile(r"^train\.model\s*=\s*(@\S+)\s*$", re.MULTILINE)
+FAKE_QUANTIZED_BINDING = re.compile(r"^fake_quantized\.model\s*=\s*(@\S+)\s*$", re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedFolder:
+    """What `quantize_folder` wrote: the checkpoint's path, and the parameters' bytes before and after."""
+
+    checkpoint: str
+    float_bytes: int
+    quantized_bytes: int
+    disk_bytes: int  # the checkpoint's files
 
 
 def quantize_folder(
-    source: str, target: str, weights: str = "int8", activations: str | None = None, tile_size: int | None = None,
-    targets: str = LAYER_DENSES, step: int | None = None, overwrite: bool = False,
-) -> str:
-    """Writes `source`'s checkpoint `step` (default: the newest) quantized as the model folder `target`; returns
-    the checkpoint path."""
+    source: str, target: str, weights: str | None = None, activations: str | None = None,
+    tile_size: int | None = None, targets: str | None = None, step: int | None = None, overwrite: bool = False,
+) -> QuantizedFolder:
+    """Writes `source`'s checkpoint `step` (default: the newest) quantized as the model folder `target`.
+
+    The scheme is what is given, the rest QuantizationSettings' defaults; from a fake-quantized run, its own
+    (a given setting that differs from it is refused)."""
     folder = ModelDir(source)
     model, mesh_config = gin_files.read_model_config(folder)
     if isinstance(getattr(model, QuantizationSettings.field, None), QuantizationSettings):
         raise ValueError(f"{folder.path} holds a quantized model already; quantize its float source instead")
-    settings = QuantizationSettings(weights, activations, tile_size, targets)
-    q_model = quantized(model, weights, activations, tile_size, targets)
+    given = {name: value for name, value in (("weights", weights), ("activations", activations),
+                                             ("tile_size", tile_size), ("targets", targets)) if value is not None}
+    settings = QuantizationSettings(**_scheme(model, given, folder.path))
+    trained_fake_quantized = isinstance(getattr(model, FakeQuantizationSettings.field, None), FakeQuantizationSettings)
+    if trained_fake_quantized:
+        model = fake_quantization.base_model(model)
+    q_model = quantized(model, settings.weights, settings.activations, settings.tile_size, settings.targets)
     with open(folder.config_path) as f:
         config = f.read()
-    bindings = MODEL_BINDING.findall(config)
-    if not bindings:
-        raise ValueError(f"{folder.config_path} binds no train.model on one line (e.g. 'train.model = @GPT2()')")
+    float_binding = _float_model_binding(config, folder.config_path, trained_fake_quantized)
     if not overwrite:
         refuse_non_empty(target, "--to", "a quantized model folder", "ptmjax quantize")
     step = folder.checkpoint_step(step)
@@ -58,11 +79,41 @@ def quantize_folder(
                 copy(path, os.path.join(staging, name))
         sentence_pooling.copy_pooling_files(folder.path, staging)
         with open(staged.config_path, "w") as f:
-            f.write(config + _quantized_binding(bindings[-1], settings, folder.path, step))
+            f.write(config + _quantized_binding(float_binding, settings, folder.path, step))
         checkpointer = staged.checkpointer(asynchronous=False)
         checkpointer.save_params(step, params)
         checkpointer.close()
-    return os.path.join(ModelDir(target).checkpoints_path, str(step))
+    checkpoint = os.path.join(ModelDir(target).checkpoints_path, str(step))
+    disk = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(checkpoint) for name in names)
+    return QuantizedFolder(checkpoint, _bytes(model_api(model).abstract_params), _bytes(params), disk)
+
+
+def _scheme(model, given: dict, source: str) -> dict:
+    """The scheme's settings: those `given`, or a fake-quantized model's own."""
+    trained = getattr(model, FakeQuantizationSettings.field, None)
+    if not isinstance(trained, FakeQuantizationSettings):
+        return given
+    own = {field.name: getattr(trained, field.name) for field in dataclasses.fields(trained)}
+    differing = {name: value for name, value in given.items() if value != own[name]}
+    if differing:
+        name, value = next(iter(differing.items()))
+        raise ValueError(f"{source} trained with fake quantization {name}={own[name]!r}, not {value!r}; leave "
+                         f"--{name} out to store the integers it trained with")
+    return own
+
+
+def _float_model_binding(config: str, path: str, fake_quantized: bool) -> str:
+    """The config's binding of the float model: train.model's, or under fake quantization fake_quantized.model's."""
+    bindings = (FAKE_QUANTIZED_BINDING if fake_quantized else MODEL_BINDING).findall(config)
+    if not bindings:
+        name = "fake_quantized.model" if fake_quantized else "train.model"
+        raise ValueError(f"{path} binds no {name} on one line (e.g. '{name} = @GPT2()')")
+    return bindings[-1]
+
+
+def _bytes(params) -> int:
+    """The bytes of a parameter tree's arrays (int4 and uint4 at a byte each, as they are held)."""
+    return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
 
 
 def _quantized_params(folder: ModelDir, model, q_model, mesh_config: partitioning.MeshConfig, step: int):

@@ -11,13 +11,8 @@ import qwix
 from flax import traverse_util
 
 from ptmjax import partitioning
-from ptmjax.compress.quantization import (
-    QuantizationSettings,
-    absmax_calibration,
-    quantize_kernel,
-    quantize_params,
-    quantized,
-)
+from ptmjax.compress.quantization import QuantizationSettings, quantize_params, quantized
+from ptmjax.compress.quantization_scheme import absmax_calibration
 from ptmjax.families.model_api import model_api
 from ptmjax.layers import layer_stack
 from ptmjax.layers.dense import Dense
@@ -64,7 +59,7 @@ def numpy_quantized(kernel, contracted, weights, tile=None):
 ])
 def test_kernels_quantize_as_float64_numpy_absmax(weights, tile, shape, contracted):
     kernel = jax.random.normal(jax.random.key(1), shape)
-    q = quantize_kernel(kernel, contracted, QuantizationSettings(weights, tile_size=tile))
+    q = QuantizationSettings(weights, tile_size=tile).quantize_kernel(kernel, contracted)
     expected_q, expected_scale, ratio = numpy_quantized(kernel, contracted, weights, tile)
     assert q.qvalue.dtype == {"int8": jnp.int8, "int4": jnp.int4}[weights]
     np.testing.assert_allclose(np.asarray(q.scale), expected_scale, rtol=1e-6)
