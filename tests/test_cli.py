@@ -287,7 +287,8 @@ def test_every_command_s_help_ends_with_examples_that_parse_and_its_page(capsys)
     import pathlib
     import shlex
 
-    assert set(cli.EXAMPLES) == {"train", "eval", "infer", "probe", "compile", "convert", "inspect", "quantize"}
+    assert set(cli.EXAMPLES) == {"train", "eval", "infer", "probe", "compile", "convert", "inspect", "quantize",
+                                 "prune-heads"}
     for command, (examples, page) in cli.EXAMPLES.items():
         assert (pathlib.Path(__file__).resolve().parents[1] / page).is_file(), page
         for example in examples:

@@ -19,6 +19,7 @@ import flax.linen as nn
 
 from ptmjax import gin_files
 from ptmjax.adapt.lora_merge import without_lora
+from ptmjax.compress.head_pruning import pruning_of
 from ptmjax.convert import hf, hf_tokenizer
 from ptmjax.data import sentence_pooling
 from ptmjax.decoding.generation_ids import GenerationIds
@@ -82,6 +83,12 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None, overwrite: b
         refuse_non_empty(hf_dir, "--to-hf", "a Hugging Face directory")
     folder = ModelDir(model_dir)
     model, _ = gin_files.read_model_config(folder)
+    if pruning_of(model) is not None:
+        raise ValueError(
+            f"{folder.path} holds a head-pruned model, and transformers 5 has no per-layer head counts (its configs "
+            "dropped pruned_heads); write the same heads zeroed at full size with `ptmjax prune-heads ... "
+            "--keep_shapes` from the source folder and export that"
+        )
     api = model_api(model)
     model, params = without_lora(model, folder.read_params(api.abstract_params, step=step))  # LoRA merged
     if api.scanning:  # Hugging Face's layout is the unscanned one

@@ -1,0 +1,111 @@
+"""`ptmjax prune-heads --from MODEL_DIR --to OUT_DIR --task TASK --fraction F`: the least important attention heads
+(Michel et al., 2019) of a model folder removed, written as a new model folder that `ptmjax.load`, `eval`,
+`infer` and `inspect` read as any other.
+
+Each head's importance is the mean |dL/dξ_h| of the family's loss over `num_batches` batches of the task's
+`split` (ptmjax/compress/head_importance.py), normalised per attention by its L2 norm; the `fraction` of all heads
+with the lowest scores go, never an attention's last. The new folder's config.gin is the source's with the model
+bound as `@head_pruned()` of the source's model and the pruned heads (ptmjax/compress/head_pruning.py); its
+checkpoint, at the source's step, holds the smaller kernels. With `keep_shapes` it holds the source's model
+instead, at full size, with the pruned heads' output-kernel rows zero: the same function, in the shapes Hugging
+Face export needs. head_importance.json records the scores and the pruned heads; an import's tokenizer,
+generation ids and sentence-transformers files come along. The folder is written whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+from collections.abc import Mapping
+
+import jax
+
+from ptmjax import gin_files, partitioning
+from ptmjax.compress.head_importance import head_importance, least_important, normalised
+from ptmjax.compress.head_pruning import prune_params, pruning_of, zeroed_params
+from ptmjax.convert.checkpoint import refuse_non_empty
+from ptmjax.data import pipeline, sentence_pooling
+from ptmjax.families.model_api import model_api
+from ptmjax.families.token_loss import LossConfig
+from ptmjax.storage.model_dir import ModelDir
+from ptmjax.storage.written_whole import written_whole
+from ptmjax.tools.quantize import MODEL_BINDING
+
+IMPORTANCE_FILE = "head_importance.json"
+
+
+def prune_heads_folder(
+    source: str, target: str, task: str, fraction: float, *, split: str = "validation", num_batches: int = 8,
+    batch_size: int = 8, task_feature_lengths: Mapping[str, int] | None = None, keep_shapes: bool = False,
+    step: int | None = None, overwrite: bool = False,
+) -> str:
+    """Writes `source`'s checkpoint `step` (default: the newest) with the least important `fraction` of its heads
+    pruned as the model folder `target` (module docstring); returns the checkpoint path."""
+    folder = ModelDir(source)
+    model, mesh_config = gin_files.read_model_config(folder)
+    if pruning_of(model) is not None:
+        raise ValueError(f"{folder.path} holds a head-pruned model already; prune its source's heads instead")
+    bindings = gin_files.read_train_bindings(folder)
+    lengths = task_feature_lengths or bindings.get("task_feature_lengths")
+    if not lengths:
+        raise ValueError(f"{folder.config_path} binds no train.task_feature_lengths; give the lengths to score the "
+                         "task at (--inputs_length, --targets_length)")
+    with open(folder.config_path) as f:
+        config = f.read()
+    model_bindings = MODEL_BINDING.findall(config)
+    if not model_bindings:
+        raise ValueError(f"{folder.config_path} binds no train.model on one line (e.g. 'train.model = @Bert()')")
+    if not overwrite:
+        refuse_non_empty(target, "--to", "a head-pruned model folder", "ptmjax prune-heads")
+    step = folder.checkpoint_step(step)
+    mesh = partitioning.make_mesh(partitioning.MeshConfig(data=-1))
+    if batch_size % mesh.size:
+        raise ValueError(f"--batch_size={batch_size} does not split over the {mesh.size} devices; give a multiple "
+                         f"of {mesh.size}")
+    api = model_api(model)
+    dataset = pipeline.get_dataset(task, split, lengths, batch_size, seed=0, shuffle=False, pack=False, num_epochs=1,
+                                   feature_converter=api.family.feature_converter)
+    with jax.set_mesh(mesh):
+        shardings = partitioning.logical_shardings(api.boxed_abstract_params, mesh, mesh_config.rules)
+        params = folder.read_params(api.abstract_params, shardings, step)
+        batches = (partitioning.global_batch(batch, mesh)
+                   for batch in itertools.islice(dataset.as_numpy_iterator(), num_batches))
+        importance = head_importance(model, params, batches, bindings.get("loss_config") or LossConfig())
+        scores = normalised(importance)
+        pruned = least_important(scores, fraction)
+        new_params = jax.device_get((zeroed_params if keep_shapes else prune_params)(params, pruned))
+    record = {"source": folder.path, "step": step, "task": task, "split": split, "num_batches": num_batches,
+              "batch_size": batch_size, "fraction": fraction, "keep_shapes": keep_shapes,
+              "pruned_heads": {path: list(heads) for path, heads in pruned.items()},
+              "importance": {path: values.tolist() for path, values in importance.items()},
+              "normalised_importance": {path: values.tolist() for path, values in scores.items()}}
+    note = (f"# {sum(map(len, pruned.values()))} attention heads pruned from {folder.path} (step {step}) by "
+            f"`ptmjax prune-heads` on {task}{', zeroed at full size' if keep_shapes else ''}.\n")
+    with written_whole(target) as staging:
+        staged = ModelDir(staging)
+        _copy_tokenizer_files(folder, staging)
+        with open(staged.config_path, "w") as f:
+            f.write(config + "\n" + note + ("" if keep_shapes else _pruned_binding(model_bindings[-1], pruned)))
+        with open(os.path.join(staging, IMPORTANCE_FILE), "w") as f:
+            json.dump(record, f, indent=1)
+        checkpointer = staged.checkpointer(asynchronous=False)
+        checkpointer.save_params(step, new_params)
+        checkpointer.close()
+    return os.path.join(ModelDir(target).checkpoints_path, str(step))
+
+
+def _copy_tokenizer_files(folder: ModelDir, staging: str) -> None:
+    """An import's tokenizer/, generation.json and sentence-transformers files, where the folder has them."""
+    for name in (os.path.basename(folder.tokenizer_path), os.path.basename(folder.generation_path)):
+        path = os.path.join(folder.path, name)
+        if os.path.exists(path):
+            (shutil.copytree if os.path.isdir(path) else shutil.copy2)(path, os.path.join(staging, name))
+    sentence_pooling.copy_pooling_files(folder.path, staging)
+
+
+def _pruned_binding(model_binding: str, pruned: Mapping[str, tuple[int, ...]]) -> str:
+    """The gin lines that rebind train.model to the source model with `pruned` heads removed."""
+    return "\n".join([f"head_pruned.model = {model_binding}", f"head_pruned.pruned_heads = {dict(pruned)!r}",
+                      "train.model = @head_pruned()", ""])
