@@ -79,3 +79,30 @@ def test_keep_shapes_exports_the_masked_model_to_transformers_at_logit_parity(tm
     got = masked.apply({"params": with_masks(masked, params, masks)}, tokens).mlm_logits
     print("max |transformers - masked|", np.abs(np.asarray(got) - want).max())
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_ptmjax_load_of_a_pruned_t5_scores_and_decodes_as_its_zeroed_full_size_copy(tmp_path):
+    """Cached decoding reads each layer's kept heads of T5's shared relative-position bias."""
+    import ptmjax
+    from ptmjax.models import EncoderDecoder, T5Config
+
+    t5 = EncoderDecoder(T5Config(vocab_size=2176, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_encoder_layers=2,
+                                 num_decoder_layers=2, ffn_activations=("gelu", "linear"), tie_embeddings=False,
+                                 dropout_rate=0.0))
+    (tmp_path / "t5").mkdir()
+    (tmp_path / "t5" / "config.gin").write_text(checkpoint.model_gin(t5) + "train.mixture_or_task_name = "
+                                                "'ptmjax_pretrain'\ntrain.task_feature_lengths = {'inputs': 64, "
+                                                "'targets': 16}\n")
+    checkpointer = Checkpointer(str(tmp_path / "t5" / "checkpoints"), asynchronous=False)
+    checkpointer.save_params(5, jax.device_get(nn.unbox(model_api(t5).init(jax.random.key(0)))))
+    checkpointer.close()
+    outputs = []
+    for name, flags in (("pruned", []), ("zeroed", ["--keep_shapes"])):
+        assert cli.main(["prune-heads", "--from", str(tmp_path / "t5"), "--to", str(tmp_path / name), "--task",
+                         "ptmjax_pretrain", "--fraction", "0.5", "--num_batches", "2", *flags]) == 0
+        model = ptmjax.load(str(tmp_path / name))
+        texts = ["Open the file.", "Return the sum of a and b."]
+        outputs.append((model.score(texts, ["a file", "the sum"]), model.generate(texts)))
+    (pruned_scores, pruned_texts), (zeroed_scores, zeroed_texts) = outputs
+    np.testing.assert_allclose(pruned_scores, zeroed_scores, rtol=1e-5)
+    assert pruned_texts == zeroed_texts
