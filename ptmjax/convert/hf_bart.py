@@ -53,19 +53,21 @@ def from_hf_config(hf_config: Any, dtype: str = "float32", param_dtype: str = "f
 
     Unsupported values raise naming the field, including the legacy config.json
     flags (normalize_before, add_final_layer_norm, ...) when they disagree with
-    the architecture transformers builds for the model_type.
+    the architecture transformers builds for the model_type. encoder_layerdrop and
+    decoder_layerdrop become `layerdrop` and `decoder_layerdrop` (None when equal).
     """
     model_type = require(hf_config, "BART", "model_type", list(FAMILIES), "bart")
     name, _, _, pre_layer_norm = FAMILIES[model_type]
     for flag, value in (
-        ("is_encoder_decoder", True), ("is_decoder", False), ("tie_word_embeddings", True),
-        ("encoder_layerdrop", 0.0), ("decoder_layerdrop", 0.0), ("add_bias_logits", False),
+        ("is_encoder_decoder", True), ("is_decoder", False), ("tie_word_embeddings", True), ("add_bias_logits", False),
         ("static_position_embeddings", False), ("normalize_embedding", True),
         ("normalize_before", pre_layer_norm), ("add_final_layer_norm", pre_layer_norm), ("extra_pos_embeddings", 2),
     ):
         require(hf_config, name, flag, [value], value)
     activation = require(hf_config, name, "activation_function", list(ACTIVATIONS), "gelu")
     pad = field(hf_config, "pad_token_id", 1)
+    encoder_layerdrop = float(field(hf_config, "encoder_layerdrop", 0.0))
+    decoder_layerdrop = float(field(hf_config, "decoder_layerdrop", 0.0))
     return BartConfig(
         vocab_size=field(hf_config, "vocab_size"),
         d_model=field(hf_config, "d_model"),
@@ -81,6 +83,8 @@ def from_hf_config(hf_config: Any, dtype: str = "float32", param_dtype: str = "f
         attention_dropout_rate=float(field(hf_config, "attention_dropout", 0.0)),
         activation_dropout_rate=float(field(hf_config, "activation_dropout", 0.0)),
         activation=ACTIVATIONS[activation],
+        layerdrop=encoder_layerdrop,
+        decoder_layerdrop=None if decoder_layerdrop == encoder_layerdrop else decoder_layerdrop,
         layer_norm_epsilon=HF_LAYER_NORM_EPSILON,
         dtype=dtype,
         param_dtype=param_dtype,
@@ -109,7 +113,8 @@ def to_hf_config(config: BartConfig) -> Any:
         encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff, pad_token_id=config.pad_token_id,
         scale_embedding=config.scale_embedding, dropout=config.dropout_rate,
         attention_dropout=config.attention_dropout_rate, activation_dropout=config.activation_dropout_rate,
-        activation_function=TO_HF_ACTIVATION[config.activation],
+        activation_function=TO_HF_ACTIVATION[config.activation], encoder_layerdrop=config.layerdrop,
+        decoder_layerdrop=config.stack_layerdrop(("decoder",)),
     )
 
 

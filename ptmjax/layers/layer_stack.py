@@ -18,8 +18,17 @@ Every family stacks its layers with `apply_layers`. A config that inherits
   each stack's depth must be a multiple of `moe_every`. Layers shared across
   the stack (ALBERT: `repeats` > 1) scan over the distinct parameter sets,
   each step applying its layer `repeats` times.
+- `layerdrop` (and `decoder_layerdrop` for a stack at ('decoder',)): LayerDrop
+  (Fan et al., 2019), in training only (enable_dropout=True). Each layer of
+  the stack is skipped (the identity) this step with that probability: one
+  Bernoulli draw per layer applied, for the whole batch, from the 'dropout'
+  rng stream. The draws are made once per stack, before its layers run, and
+  sown into 'intermediates' as `layerdrop/dropped`, so a scanned stack drops
+  the layers an unscanned one drops given the same rng. A dropped layer still
+  runs and its output is discarded (`jnp.where`), so it saves no compute and
+  its parameters get a zero gradient. At 0 nothing is drawn.
 
-Neither option changes the numbers: logits and gradients equal the plain
+Neither remat nor scanning changes the numbers: logits and gradients equal the plain
 model's. Dropout (and MoE jitter) draws differ, since a scan splits the rngs
 per step instead of per layer name. The default, unscanned layout is the one
 the golden files and Hugging Face converters use; `scan` and `unscan` convert
@@ -54,6 +63,8 @@ REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
     ),
 }
 SCANNED = "layers"  # the name of a scanned stack's module, and the logical axis of its stacked parameters
+LAYERDROP = "layerdrop"  # the name of a stack's LayerDrop draw, whose 'intermediates' hold `dropped`
+DECODER_STACK = ("decoder",)  # the stack `decoder_layerdrop` applies to
 
 
 class LayerStacks(abc.ABC):
@@ -85,10 +96,14 @@ class LayerStackConfig(LayerStacks):
 
     remat_policy: 'none', 'full' or 'save_dot_products' (see the module docstring).
     scan_layers: scan over layers; parameters get a leading 'layers' axis.
+    layerdrop: in training, the probability of skipping each layer of every stack (LayerDrop), in [0, 1).
+    decoder_layerdrop: the decoder stack's own rate (Hugging Face's decoder_layerdrop); None: `layerdrop`.
     """
 
     remat_policy: str = "none"
     scan_layers: bool = False
+    layerdrop: float = 0.0
+    decoder_layerdrop: float | None = None
 
     def layer_fields(self, index: int) -> dict[str, Any]:
         """Fields of layer `index`'s module besides the config (MoeConfig: whether it is an MoE layer)."""
@@ -96,6 +111,27 @@ class LayerStackConfig(LayerStacks):
 
     def with_scan_layers(self, scan_layers: bool) -> LayerStackConfig:
         return dataclasses.replace(self, scan_layers=scan_layers)
+
+    def stack_depth_fields(self) -> dict[tuple[str, ...], str]:
+        """{path of a layer stack: the field holding its number of layers}; what layer pruning changes."""
+        return {}
+
+    def with_stack_depths(self, depths: Mapping[tuple[str, ...], int]) -> LayerStackConfig:
+        """This config with the stack at each path of `depths` that many layers deep (layer pruning)."""
+        fields = self.stack_depth_fields()
+        missing = [path for path in depths if path not in fields]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__} names no depth field for the stacks {missing}; its stack_depth_fields() "
+                f"are {fields}."
+            )
+        return dataclasses.replace(self, **{fields[path]: depth for path, depth in depths.items()})
+
+    def stack_layerdrop(self, stack: tuple[str, ...]) -> float:
+        """The LayerDrop rate of the stack at path `stack` (a key of `layer_stacks()`)."""
+        if stack == DECODER_STACK and self.decoder_layerdrop is not None:
+            return self.decoder_layerdrop
+        return self.layerdrop
 
     def check_layer_stacks(self) -> None:
         """Validate the stack options; errors name the field and the fix."""
@@ -105,6 +141,23 @@ class LayerStackConfig(LayerStacks):
             raise ValueError(f"{owner}.scan_layers must be True or False, got {self.scan_layers!r}.")
         if self.scan_layers:
             check_period_divides(self)
+        check_layerdrop(self)
+
+
+def check_layerdrop(config: LayerStackConfig) -> None:
+    """Raise unless the LayerDrop rates are in [0, 1) and `decoder_layerdrop` has a decoder stack to drop in."""
+    owner = type(config).__name__
+    rates = {"layerdrop": config.layerdrop}
+    if config.decoder_layerdrop is not None:
+        rates["decoder_layerdrop"] = config.decoder_layerdrop
+    for name, value in rates.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            raise ValueError(f"{owner}.{name} must be a probability in [0, 1), got {value!r}; 0 turns LayerDrop off.")
+    if config.decoder_layerdrop is not None and DECODER_STACK not in config.layer_stacks():
+        raise ValueError(
+            f"{owner}.decoder_layerdrop={config.decoder_layerdrop!r}, but this model has no decoder stack; "
+            "set layerdrop instead."
+        )
 
 
 def check_remat_policy(config: Any) -> None:
@@ -157,9 +210,22 @@ class LayerPeriod(nn.Module):
         return x
 
 
+class LayerDropDraw(nn.Module):
+    """Which layers of a stack this step skips: one Bernoulli(rate) draw per layer applied, for the whole batch."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, depth: int) -> Array:
+        """-> bool [depth], True where the layer is dropped; sown into 'intermediates' as `dropped`."""
+        dropped = jax.random.bernoulli(self.make_rng("dropout"), self.rate, (depth,))
+        self.sow("intermediates", "dropped", dropped)
+        return dropped
+
+
 def apply_layers(
     layer: type[nn.Module], config: LayerStackConfig, num_layers: int, x: Array, *args: Array | None,
-    enable_dropout: bool = False, repeats: int = 1, **fields: Any,
+    enable_dropout: bool = False, repeats: int = 1, stack: tuple[str, ...] = (), **fields: Any,
 ) -> Array:
     """Applies a stack of `num_layers` layers `layer(config, **fields, **config.layer_fields(i))` to x.
 
@@ -168,13 +234,17 @@ def apply_layers(
     it inside a compact method: the layers become the caller's children,
     `layers_{i}`, or with `config.scan_layers` one scanned `layers` module.
     `args` (attention biases, the encoder output) are the same for every layer.
+    `stack` is the stack's path in `config.layer_stacks()`, which picks its LayerDrop rate;
+    with enable_dropout and a rate > 0, each layer applied is skipped as `LayerDropDraw` draws.
     """
+    rate = config.stack_layerdrop(stack) if enable_dropout else 0.0
+    dropped = LayerDropDraw(rate, name=LAYERDROP)(num_layers * repeats) if rate else None
     layer = rematerialised(layer, config.remat_policy, len(args), prevent_cse=not config.scan_layers)
     if not config.scan_layers:
         for i in range(num_layers):
             module = layer(config, **fields, **config.layer_fields(i), name=f"layers_{i}")
-            for _ in range(repeats):
-                x = module(x, *args, enable_dropout)
+            for r in range(repeats):
+                x = _unless_dropped(module(x, *args, enable_dropout), x, dropped, i * repeats + r)
         return x
 
     period = config.scan_period
@@ -183,16 +253,23 @@ def apply_layers(
     else:
         body = LayerPeriod(layer, config, tuple(fields.items()), name=SCANNED)
 
-    def step(module: nn.Module, carry: Array, *broadcast: Array | None) -> tuple[Array, None]:
-        for _ in range(repeats):
-            carry = module(carry, *broadcast, enable_dropout)
+    def step(module: nn.Module, carry: Array, dropped_here: Array | None, *broadcast: Any) -> tuple[Array, None]:
+        for r in range(repeats):
+            carry = _unless_dropped(module(carry, *broadcast, enable_dropout), carry, dropped_here, r)
         return carry, None
 
     scanned = nn.scan(
-        step, variable_axes={True: 0}, split_rngs={True: True}, in_axes=(nn.broadcast,) * len(args),
+        step, variable_axes={True: 0}, split_rngs={True: True},
+        in_axes=(nn.broadcast if dropped is None else 0, *(nn.broadcast,) * len(args)),
         length=num_layers // period, metadata_params={nn.PARTITION_NAME: SCANNED},
     )
-    return scanned(body, x, *args)[0]
+    per_step = None if dropped is None else dropped.reshape(num_layers, repeats)  # MoeConfig refuses LayerDrop
+    return scanned(body, x, per_step, *args)[0]
+
+
+def _unless_dropped(output: Array, x: Array, dropped: Array | None, index: int) -> Array:
+    """The layer's output, or its input x where `dropped[index]` (no draws: the output)."""
+    return output if dropped is None else jnp.where(dropped[index], x, output)
 
 
 def scanning_config(model: nn.Module) -> LayerStacks | None:

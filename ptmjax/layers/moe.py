@@ -129,6 +129,12 @@ class MoeConfig(LayerStackConfig):
                 raise ValueError(f"{owner}.{name} must be >= 0, got {getattr(self, name)!r}.")
         if not 0.0 <= self.moe_jitter_noise < 1.0:
             raise ValueError(f"{owner}.moe_jitter_noise must be in [0, 1), got {self.moe_jitter_noise!r}.")
+        if self.layerdrop or self.decoder_layerdrop:
+            rate = "layerdrop" if self.layerdrop else "decoder_layerdrop"
+            raise ValueError(
+                f"{owner}.{rate}={getattr(self, rate)!r} with num_experts={n}: a dropped MoE layer's auxiliary "
+                "losses would still train its router; set layerdrop and decoder_layerdrop to 0 or num_experts=0."
+            )
         depths = self.layer_stacks().values()
         if not any(self.is_moe_layer(i) for i in range(max(depths))):
             raise ValueError(

@@ -112,6 +112,9 @@ class BartConfig(ModelConfig):
     def layer_stacks(self) -> dict[tuple[str, ...], int]:
         return {("encoder",): self.num_encoder_layers, ("decoder",): self.num_decoder_layers}
 
+    def stack_depth_fields(self) -> dict[tuple[str, ...], str]:
+        return {("encoder",): "num_encoder_layers", ("decoder",): "num_decoder_layers"}
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
@@ -199,12 +202,12 @@ class BartStack(nn.Module):
         x = LayerNorm(c.layer_norm_epsilon, name="embedding_layer_norm", **dtype_kwargs(c))(x)
         x = nn.with_logical_constraint(nn.Dropout(c.dropout_rate)(x, deterministic=not enable_dropout), HIDDEN_AXES)
         num_layers = c.num_decoder_layers if self.decoder else c.num_encoder_layers
+        stack = "decoder" if self.decoder else "encoder"
         x = apply_layers(
             BartLayer, c, num_layers, x, self_mask, encoded, cross_mask, cache, enable_dropout=enable_dropout,
-            decoder=self.decoder,
+            stack=(stack,), decoder=self.decoder,
         )
         if c.pre_layer_norm:
-            stack = "decoder" if self.decoder else "encoder"
             x = LayerNorm(c.layer_norm_epsilon, name=f"{stack}_norm", **dtype_kwargs(c))(x)
         return nn.with_logical_constraint(x, HIDDEN_AXES)
 

@@ -102,6 +102,14 @@ class EncoderConfig(ModelConfig):
     def layer_stacks(self) -> dict[tuple[str, ...], int]:
         return {(): self.layer_groups}
 
+    def stack_depth_fields(self) -> dict[tuple[str, ...], str]:
+        if self.layer_groups != self.num_layers:
+            raise ValueError(
+                f"{type(self).__name__}.num_layer_groups={self.num_layer_groups} shares parameters across its "
+                f"{self.num_layers} layers, so no layer can be pruned alone; set num_layers to the depth you want."
+            )
+        return {(): "num_layers"}
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads

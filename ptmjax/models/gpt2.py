@@ -71,6 +71,9 @@ class GPT2Config(MoeConfig, ModelConfig):
     def layer_stacks(self) -> dict[tuple[str, ...], int]:
         return {(): self.num_layers}
 
+    def stack_depth_fields(self) -> dict[tuple[str, ...], str]:
+        return {(): "num_layers"}
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads

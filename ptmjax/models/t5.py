@@ -81,6 +81,9 @@ class T5Config(MoeConfig, ModelConfig):
     def layer_stacks(self) -> dict[tuple[str, ...], int]:
         return {("encoder",): self.num_encoder_layers, ("decoder",): self.num_decoder_layers}
 
+    def stack_depth_fields(self) -> dict[tuple[str, ...], str]:
+        return {("encoder",): "num_encoder_layers", ("decoder",): "num_decoder_layers"}
+
 
 def _feed_forward(config: T5Config, use_moe: bool) -> nn.Module:
     """The block's feed-forward module, named 'mlp' whether dense or MoE."""
@@ -192,7 +195,9 @@ class Encoder(nn.Module):
         pos = _positions(tokens, positions)
         x, bias = _embed_with_position_bias(c, self.shared_embedding, drop, tokens, pos, pos, True, enable_dropout)
         mask = encoder_attention_mask(tokens, segment_ids, bias=bias).for_kernel(c.attention_kernel, c.compute_dtype)
-        x = apply_layers(EncoderLayer, c, c.num_encoder_layers, x, mask, enable_dropout=enable_dropout)
+        x = apply_layers(
+            EncoderLayer, c, c.num_encoder_layers, x, mask, enable_dropout=enable_dropout, stack=("encoder",)
+        )
         x = RMSNorm(c.layer_norm_epsilon, name="encoder_norm", **dtype_kwargs(c))(x)
         return nn.with_logical_constraint(drop(x, deterministic=not enable_dropout), HIDDEN_AXES)
 
@@ -241,7 +246,8 @@ class Decoder(nn.Module):
         cross_mask = cross_attention_mask(tokens, encoder_tokens, segment_ids, encoder_segment_ids)
         masks = (mask.for_kernel(c.attention_kernel, c.compute_dtype) for mask in (self_mask, cross_mask))
         x = apply_layers(
-            DecoderLayer, c, c.num_decoder_layers, x, encoded, *masks, cache, enable_dropout=enable_dropout
+            DecoderLayer, c, c.num_decoder_layers, x, encoded, *masks, cache, enable_dropout=enable_dropout,
+            stack=("decoder",),
         )
         x = RMSNorm(c.layer_norm_epsilon, name="decoder_norm", **dtype_kwargs(c))(x)
         return drop(x, deterministic=not enable_dropout)  # [b, t, embed]

@@ -162,7 +162,7 @@ def test_config_round_trip_and_unsupported_values_are_named():
     bart = hf_bart.to_hf_config(BART).to_dict()
     for name, value in (
         ("add_bias_logits", True), ("normalize_before", True), ("add_final_layer_norm", True),
-        ("activation_function", "quick_gelu"), ("tie_word_embeddings", False), ("encoder_layerdrop", 0.1),
+        ("activation_function", "quick_gelu"), ("tie_word_embeddings", False),
         ("decoder_attention_heads", 8), ("decoder_ffn_dim", 48), ("model_type", "marian"),
         ("is_encoder_decoder", False), ("static_position_embeddings", True), ("extra_pos_embeddings", 0),
     ):
