@@ -30,6 +30,8 @@ from flax import linen as nn
 
 from ptmjax.adapt.probing.layer_features import probed_stack, recorded_layer_calls, stack_attention, stack_depth
 from ptmjax.compress import distillation_losses as losses
+from ptmjax.compress import fake_quantization
+from ptmjax.compress.fake_quantization import FakeQuantizationSettings
 from ptmjax.compress.layer_maps import checked_layer_map
 from ptmjax.compress.student_init import student_from_teacher
 from ptmjax.compress.teacher import TEACHER, FrozenTeacher
@@ -48,7 +50,8 @@ class Distillation:
 
     Attributes:
       teacher_dir: the teacher's model folder (a run's, or an import's); its newest checkpoint is read.
-      teacher: the teacher's model; None: the student's own architecture. Bind it with a gin scope, e.g.
+      teacher: the teacher's model; None: the student's own architecture (a fake-quantized student's float
+        model). Bind it with a gin scope, e.g.
         `Distillation.teacher = @teacher/EncoderDecoder()` and `teacher/T5Config.num_encoder_layers = 12`.
       temperature: T of the soft targets.
       hard_weight, soft_weight, hidden_weight, attention_weight: each term's weight (0 leaves it out).
@@ -87,10 +90,18 @@ class Distillation:
 
     def extra_state(self, model: nn.Module) -> tuple[FrozenTeacher]:
         """The teacher's parameters, for a run training `model`; checks first that the layer losses can map it."""
-        teacher = FrozenTeacher(self.teacher or model, self.teacher_dir)
+        teacher = FrozenTeacher(self.teacher_model(model), self.teacher_dir)
         if self.hidden_weight or self.attention_weight:
             self._layer_map(model_api(model), teacher.api)
         return (teacher,)
+
+    def teacher_model(self, student: nn.Module) -> nn.Module:
+        """`teacher`, or the student's own architecture: a fake-quantized student's float model (TernaryBERT)."""
+        if self.teacher is not None:
+            return self.teacher
+        if isinstance(getattr(student, FakeQuantizationSettings.field, None), FakeQuantizationSettings):
+            return fake_quantization.base_model(student)
+        return student
 
     def initial_params(self, params: Any, extra: Mapping[str, Any]) -> Any | None:
         """The fresh student's parameters taken from the teacher's by `init_layers`; None without it."""
@@ -103,7 +114,7 @@ class Distillation:
         extra: Mapping[str, Any],
     ) -> tuple[jax.Array, jax.Array, Stats, dict[str, Any]]:
         """The Objective (ptmjax/training/objective.py): the weighted terms, and each alone as a metric."""
-        teacher_api = model_api(self.teacher or api.module)
+        teacher_api = model_api(self.teacher_model(api.module))
         layers = bool(self.hidden_weight or self.attention_weight)
         student, student_layers = self._forward(api, params, batch, loss_config, rng, layers)
         teacher, teacher_layers = self._forward(teacher_api, extra[TEACHER], batch, loss_config, None, layers)
