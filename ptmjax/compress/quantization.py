@@ -6,8 +6,7 @@ adapted by interception (ptmjax/adapt/interception.py: a subclass of its own cla
 path ('/'-joined, e.g. 'encoder/layers_0/attention/query'; scanned stacks '.../layers/...') `targets` matches
 in full holds its kernel quantized:
 
-- `kernel`: the integers of `weights` ('int8'; 'int4'; 'nf4' indices as uint4; 'ternary' or 'binary' as
-  int4), the float kernel's shape and logical axes, so the partitioning rules shard it as before;
+- `kernel`: the integers of `weights` ('int8'; 'int4'; 'nf4' indices, ternary and binary as int4), the float kernel's shape and logical axes, so the partitioning rules shard it as before;
 - `kernel_scale`: float32, one scale per output channel (the kernel's shape with its contracted dims 1), or
   with `tile_size` one per tile of `tile_size` weights along the last contracted dim (sub-channel scales);
   named by the kernel's output axes (None for the contracted ones).
@@ -131,8 +130,9 @@ def _store_quantized(dense: Dense, kernel: Array, contracted: int, settings: Qua
     quantized_kernel = settings.quantize_kernel(kernel, contracted)
     scale_axes = (None,) * contracted + tuple(dense.kernel_axes[contracted:])
     box = dense.get_variable("params", "kernel")
-    for name, value, names in (("kernel", quantized_kernel.qvalue, box.names if isinstance(box, nn.Partitioned)
+    integers = settings.stored_integers(quantized_kernel)
+    for name, value, names in (("kernel", integers, box.names if isinstance(box, nn.Partitioned)
                                 else None), (SCALE, quantized_kernel.scale, scale_axes)):
         dense.put_variable("params", name, box.replace(value=value, names=names) if isinstance(
             box, nn.Partitioned) else value)
-    return quantized_kernel.qvalue, quantized_kernel.scale
+    return integers, quantized_kernel.scale

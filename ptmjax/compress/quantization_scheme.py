@@ -12,8 +12,9 @@ Weights, each integer q times a float32 scale s per channel or tile:
   so that a negative one becomes -q_max - 1 or -q_max as float rounding upstream falls; with int8 activations
   that made a sharded model's logits differ from one device's by most of the quantization error. Here that
   weight is q_max exactly.)
-- 'nf4': QLoRA's 4-bit NormalFloat: q indexes the 16 quantiles of a normal distribution scaled to [-1, 1]
-  (stored as uint4), s = max |w|, the weight q's quantile times s (Dettmers et al., 2023; qwix's table).
+- 'nf4': QLoRA's 4-bit NormalFloat: q indexes the 16 quantiles of a normal distribution scaled to [-1, 1],
+  s = max |w|, the weight q's quantile times s (Dettmers et al., 2023; qwix's table). qwix holds q as uint4,
+  which Orbax cannot save: a checkpoint stores q - 8 as int4 (`stored_integers`, `stored_kernel`).
 - 'ternary': TernaryBERT's (TWN) q in {-1, 0, 1}: q = sign(w) where |w| > Δ = 0.7 mean |w|, else 0;
   s = the mean of |w| over those weights (Zhang et al., 2020; Li and Liu, 2016).
 - 'binary': BinaryBERT's (BWN) q in {-1, 1}: q = 1 where w >= 0, else -1; s = mean |w|.
@@ -43,6 +44,7 @@ WEIGHT_TYPES = ("int8", "int4", "nf4", "ternary", "binary")
 ACTIVATION_TYPES = {"int8": jnp.int8}
 Q_MAX = {"int8": 127, "int4": 7}
 INTEGER_DTYPES = {"int8": jnp.int8, "int4": jnp.int4}
+NF4_OFFSET = 8  # a stored nf4 index is q - 8, an int4
 TWN_THRESHOLD = 0.7  # Δ = 0.7 mean |w| (Li and Liu's approximation of the optimal ternary threshold)
 LAYER_DENSES = r"(.*/)?layers(_\d+)?/.*"  # every Dense inside a layer stack: not embeddings or output heads
 
@@ -90,9 +92,18 @@ class QuantizationScheme:
         return _without_nan(qwix.quantize(kernel, INTEGER_DTYPES[self.weights], channelwise_axes=channels,
                                           tiled_axes=tiled, calibration_method=absmax_calibration(self.weights)))
 
+    def stored_integers(self, kernel: qwix.QArray) -> Array:
+        """The integers of a quantized kernel as a checkpoint stores them (nf4's uint4 indices as int4 q - 8)."""
+        if self.weights != "nf4":
+            return kernel.qvalue
+        return (kernel.qvalue.astype(jnp.int8) - NF4_OFFSET).astype(jnp.int4)
+
     def stored_kernel(self, integers: Array, scale: Array, dtype: jnp.dtype) -> qwix.QArray:
         """The QArray of a stored kernel's integers and scales, dequantizing to `dtype`."""
-        return qwix.QArray(integers, jnp.asarray(scale, dtype), qtype="nf4" if self.weights == "nf4" else None)
+        scale = jnp.asarray(scale, dtype)
+        if self.weights != "nf4":
+            return qwix.QArray(integers, scale)
+        return qwix.QArray((integers.astype(jnp.int8) + NF4_OFFSET).astype(jnp.uint4), scale, qtype="nf4")
 
     def quantize_inputs(self, x: Array, contracted_axes: tuple[int, ...]) -> qwix.QArray:
         """The product's input `x` per row (absmax over `contracted_axes`; per tile of the last one with tiles)."""

@@ -18,7 +18,7 @@ import os
 import flax.linen as nn
 
 from ptmjax import gin_files
-from ptmjax.adapt.lora_merge import without_lora
+from ptmjax.compress.float_model import float_model
 from ptmjax.compress.head_pruning import pruning_of
 from ptmjax.convert import hf, hf_tokenizer
 from ptmjax.data import sentence_pooling
@@ -77,6 +77,7 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None, overwrite: b
 
     With the folder's tokenizer and generation ids where it has them: an
     import's tokenizer/ and generation.json, or a run's task vocabulary.
+    A LoRA model is written merged, a quantized or fake-quantized one dequantized (printed: float_model).
     A non-empty `hf_dir` is refused unless `overwrite`, which replaces it; the directory is written whole.
     """
     if not overwrite:
@@ -90,7 +91,9 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None, overwrite: b
             "--keep_shapes` from the source folder and export that"
         )
     api = model_api(model)
-    model, params = without_lora(model, folder.read_params(api.abstract_params, step=step))  # LoRA merged
+    model, params, notes = float_model(model, folder.read_params(api.abstract_params, step=step))
+    for note in notes:  # LoRA merged, quantized kernels dequantized
+        print(f"{folder.path}: {note} for Hugging Face")
     if api.scanning:  # Hugging Face's layout is the unscanned one
         params, model = layer_stack.unscan(params, model.config), layer_stack.with_scan_layers(model, False)
     imported = os.path.isfile(folder.generation_path)

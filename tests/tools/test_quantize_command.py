@@ -59,3 +59,25 @@ def test_a_folder_in_the_way_or_a_quantized_source_is_refused(tmp_path, capsys):
     assert cli.main(["quantize", "--from", str(tmp_path / "float"), "--to", str(tmp_path / "q")]) == 0
     assert cli.main(["quantize", "--from", str(tmp_path / "q"), "--to", str(tmp_path / "qq")]) == 1
     assert "holds a quantized model already" in capsys.readouterr().err
+
+
+def test_a_quantized_folder_exports_to_transformers_dequantized(tmp_path, capsys):
+    """The Hugging Face folder holds the dequantized kernels: GPT2LMHeadModel computes the weight-only int4 model's
+    logits, and the export says what it dequantized."""
+    import torch
+    import transformers
+
+    float_folder(tmp_path / "float")
+    assert cli.main(["quantize", "--from", str(tmp_path / "float"), "--to", str(tmp_path / "q"), "--weights", "int4",
+                     "--tile_size", "16"]) == 0
+    assert "parameters" in capsys.readouterr().out
+    assert cli.main(["convert", "--from", str(tmp_path / "q"), "--to-hf", str(tmp_path / "hf")]) == 0
+    assert "quantized int4 kernels dequantized to float32 for Hugging Face" in capsys.readouterr().out
+    folder = ModelDir(str(tmp_path / "q"))
+    model, _ = gin_files.read_model_config(folder)
+    tokens = np.random.default_rng(0).integers(0, CONFIG.vocab_size, (2, 10))
+    ours = model.apply({"params": folder.read_params(model_api(model).abstract_params)}, tokens, enable_dropout=False)
+    hf_model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        theirs = hf_model(torch.as_tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
