@@ -1,8 +1,8 @@
 """The `ptmjax` command line: `ptmjax train --gin_file=... --gin_bindings=...`, `ptmjax inspect MODEL_DIR`,
 `ptmjax convert --from-hf HF_DIR --to MODEL_DIR`, `ptmjax convert --from MODEL_DIR --to-hf HF_DIR`,
 `ptmjax quantize --from MODEL_DIR --to OUT_DIR`, `ptmjax prune-heads --from MODEL_DIR --to OUT_DIR --task T
---fraction F`, `ptmjax compile --topology=v5p:4x4x8 --gin_file=...` and
-`ptmjax probe --model_dir DIR`.
+--fraction F`, `ptmjax prune-layers --from MODEL_DIR --to OUT_DIR --keep every_other`,
+`ptmjax compile --topology=v5p:4x4x8 --gin_file=...` and `ptmjax probe --model_dir DIR`.
 
 Errors a user can fix print one line on stderr and exit with status 1: a
 ValueError (a bad setting the code checks, a mesh that does not fit the
@@ -60,6 +60,9 @@ EXAMPLES = {
                      "--fraction 0.5", "ptmjax prune-heads --from runs/demo --to runs/demo_heads --task "
                      "ptmjax_pretrain --fraction 0.25 --keep_shapes    # full size, for Hugging Face export"],
                     "docs/compression.md"),
+    "prune-layers": (["ptmjax prune-layers --from runs/layerdrop_demo --to runs/layerdrop_half --keep every_other",
+                      "ptmjax prune-layers --from runs/demo --to runs/demo_shallow --keep encoder=0 --keep decoder=1"],
+                     "docs/compression.md"),
 }
 # the name of an expected error's class -> the page of docs/ that explains it and what to do
 ERROR_PAGES = {
@@ -120,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_convert_parser(commands)
     _add_quantize_parser(commands)
     _add_prune_heads_parser(commands)
+    _add_prune_layers_parser(commands)
     _add_compile_parser(commands)
     _add_eval_parser(commands)
     _add_infer_parser(commands)
@@ -295,6 +299,17 @@ def _add_prune_heads_parser(commands: argparse._SubParsersAction) -> None:
     prune.add_argument("--overwrite", action="store_true", help="replace a --to folder that is not empty")
 
 
+def _add_prune_layers_parser(commands: argparse._SubParsersAction) -> None:
+    prune = _command(commands, "prune-layers", help="keep some of a model folder's layers (LayerDrop's pruning) in "
+                     "a new, shallower model folder", parents=[_AFTER])
+    prune.add_argument("--from", dest="from_dir", required=True, help="a ptmjax model folder (a run or import)")
+    prune.add_argument("--to", dest="to_dir", required=True, help="the layer-pruned model folder to write")
+    prune.add_argument("--keep", action="append", required=True, help="every_other, layer indices (0,2,5), or "
+                       "STACK=every_other / STACK=0,2 once per stack (encoder, decoder)")
+    prune.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+    prune.add_argument("--overwrite", action="store_true", help="replace a --to folder that is not empty")
+
+
 def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
     inspect = _command(
         commands, "inspect", help="table of a run's parameters: shapes, logical axes, sharding, bytes per device; "
@@ -391,6 +406,15 @@ def run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_prune_layers(args: argparse.Namespace) -> int:
+    from ptmjax.tools.prune_layers import parse_keep, prune_layers_folder
+
+    path = prune_layers_folder(args.from_dir, args.to_dir, parse_keep(args.keep), args.step, args.overwrite)
+    print(f"Kept layers {' '.join(args.keep)} of {args.from_dir} -> {path} (read it with ptmjax.load, eval, infer or "
+          "inspect)")
+    return 0
+
+
 def run_quantize(args: argparse.Namespace) -> int:
     from ptmjax.tools.inspection import format_bytes
     from ptmjax.tools.quantize import quantize_folder
@@ -464,6 +488,8 @@ def _run(args: argparse.Namespace) -> int:
         return run_quantize(args)
     if args.command == "prune-heads":
         return run_prune_heads(args)
+    if args.command == "prune-layers":
+        return run_prune_layers(args)
     if args.command == "compile":
         from ptmjax.tools.aot_compile import main as run_compile
 

@@ -288,7 +288,7 @@ def test_every_command_s_help_ends_with_examples_that_parse_and_its_page(capsys)
     import shlex
 
     assert set(cli.EXAMPLES) == {"train", "eval", "infer", "probe", "compile", "convert", "inspect", "quantize",
-                                 "prune-heads"}
+                                 "prune-heads", "prune-layers"}
     for command, (examples, page) in cli.EXAMPLES.items():
         assert (pathlib.Path(__file__).resolve().parents[1] / page).is_file(), page
         for example in examples:

@@ -1,4 +1,5 @@
-"""Post-training quantization of a model's Dense kernels: int8 or int4 weights, optionally int8 activations.
+"""Post-training quantization of a model's Dense kernels: int8, int4, nf4, ternary or binary weights, optionally int8
+activations.
 
 `quantized(model, weights='int8', activations=None, tile_size=None, targets=LAYER_DENSES)` returns `model`
 adapted by interception (ptmjax/adapt/interception.py: a subclass of its own class, so every family, decoding,
@@ -6,7 +7,8 @@ adapted by interception (ptmjax/adapt/interception.py: a subclass of its own cla
 path ('/'-joined, e.g. 'encoder/layers_0/attention/query'; scanned stacks '.../layers/...') `targets` matches
 in full holds its kernel quantized:
 
-- `kernel`: the integers of `weights` ('int8'; 'int4'; 'nf4' indices, ternary and binary as int4), the float kernel's shape and logical axes, so the partitioning rules shard it as before;
+- `kernel`: the integers of `weights` ('int8'; 'int4'; 'nf4' indices, ternary and binary as int4), the float
+  kernel's shape and logical axes, so the partitioning rules shard it as before;
 - `kernel_scale`: float32, one scale per output channel (the kernel's shape with its contracted dims 1), or
   with `tile_size` one per tile of `tile_size` weights along the last contracted dim (sub-channel scales);
   named by the kernel's output axes (None for the contracted ones).

@@ -15,9 +15,6 @@ generation ids and sentence-transformers files come along. The folder is written
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import shutil
 from collections.abc import Mapping
 
 import jax
@@ -25,13 +22,11 @@ import jax
 from ptmjax import gin_files, partitioning
 from ptmjax.compress.head_importance import head_importance, least_important, normalised
 from ptmjax.compress.head_pruning import prune_params, pruning_of, zeroed_params
-from ptmjax.convert.checkpoint import refuse_non_empty
-from ptmjax.data import pipeline, sentence_pooling
+from ptmjax.data import pipeline
 from ptmjax.families.model_api import model_api
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.storage.model_dir import ModelDir
-from ptmjax.storage.written_whole import written_whole
-from ptmjax.tools.quantize import MODEL_BINDING
+from ptmjax.tools.derived_folder import refuse_target, source_config, write_derived_folder
 
 IMPORTANCE_FILE = "head_importance.json"
 
@@ -52,13 +47,8 @@ def prune_heads_folder(
     if not lengths:
         raise ValueError(f"{folder.config_path} binds no train.task_feature_lengths; give the lengths to score the "
                          "task at (--inputs_length, --targets_length)")
-    with open(folder.config_path) as f:
-        config = f.read()
-    model_bindings = MODEL_BINDING.findall(config)
-    if not model_bindings:
-        raise ValueError(f"{folder.config_path} binds no train.model on one line (e.g. 'train.model = @Bert()')")
-    if not overwrite:
-        refuse_non_empty(target, "--to", "a head-pruned model folder", "ptmjax prune-heads")
+    config, model_binding = source_config(folder)
+    refuse_target(target, "a head-pruned model folder", "ptmjax prune-heads", overwrite)
     step = folder.checkpoint_step(step)
     mesh = partitioning.make_mesh(partitioning.MeshConfig(data=-1))
     if batch_size % mesh.size:
@@ -83,26 +73,8 @@ def prune_heads_folder(
               "normalised_importance": {path: values.tolist() for path, values in scores.items()}}
     note = (f"# {sum(map(len, pruned.values()))} attention heads pruned from {folder.path} (step {step}) by "
             f"`ptmjax prune-heads` on {task}{', zeroed at full size' if keep_shapes else ''}.\n")
-    with written_whole(target) as staging:
-        staged = ModelDir(staging)
-        _copy_tokenizer_files(folder, staging)
-        with open(staged.config_path, "w") as f:
-            f.write(config + "\n" + note + ("" if keep_shapes else _pruned_binding(model_bindings[-1], pruned)))
-        with open(os.path.join(staging, IMPORTANCE_FILE), "w") as f:
-            json.dump(record, f, indent=1)
-        checkpointer = staged.checkpointer(asynchronous=False)
-        checkpointer.save_params(step, new_params)
-        checkpointer.close()
-    return os.path.join(ModelDir(target).checkpoints_path, str(step))
-
-
-def _copy_tokenizer_files(folder: ModelDir, staging: str) -> None:
-    """An import's tokenizer/, generation.json and sentence-transformers files, where the folder has them."""
-    for name in (os.path.basename(folder.tokenizer_path), os.path.basename(folder.generation_path)):
-        path = os.path.join(folder.path, name)
-        if os.path.exists(path):
-            (shutil.copytree if os.path.isdir(path) else shutil.copy2)(path, os.path.join(staging, name))
-    sentence_pooling.copy_pooling_files(folder.path, staging)
+    config += "\n" + note + ("" if keep_shapes else _pruned_binding(model_binding, pruned))
+    return write_derived_folder(folder, target, config, new_params, step, {IMPORTANCE_FILE: record})
 
 
 def _pruned_binding(model_binding: str, pruned: Mapping[str, tuple[int, ...]]) -> str:

@@ -1,22 +1,17 @@
 """`ptmjax quantize --from MODEL_DIR --to OUT_DIR`: a model folder's checkpoint quantized after training (PTQ)
 into a new model folder that `ptmjax.load`, `eval`, `infer` and `inspect` read as any other.
 
-The new folder's config.gin is the source's with the model bound as `@quantized()` of the source's model
-(ptmjax/compress/quantization.py). A quantization-aware training run (`@fake_quantized()`,
-ptmjax/compress/fake_quantization.py) is quantized by its own scheme, to the integers it trained with; its
-checkpoint, at the source's step, holds the quantized parameters (integer
-kernels and their scales, the other parameters as they were); an import's tokenizer, generation ids and
-sentence-transformers files come along. The parameters are quantized on a data-parallel mesh of all devices,
-in one jitted program. The folder is written whole: a failed command leaves what was at OUT_DIR.
+The new folder (tools/derived_folder.py) binds the model as `@quantized()` of the source's model
+(ptmjax/compress/quantization.py); its checkpoint holds the quantized parameters (integer kernels and their
+scales, the other parameters as they were). A quantization-aware training run (`@fake_quantized()`,
+ptmjax/compress/fake_quantization.py) is quantized by its own scheme, to the integers it trained with. The
+parameters are quantized on a data-parallel mesh of all devices, in one jitted program.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import re
-import shutil
 
 import jax
 
@@ -24,14 +19,9 @@ from ptmjax import gin_files, partitioning
 from ptmjax.compress import fake_quantization
 from ptmjax.compress.fake_quantization import FakeQuantizationSettings
 from ptmjax.compress.quantization import QuantizationSettings, quantize_params, quantized
-from ptmjax.convert.checkpoint import refuse_non_empty
-from ptmjax.data import sentence_pooling
 from ptmjax.families.model_api import model_api
 from ptmjax.storage.model_dir import ModelDir
-from ptmjax.storage.written_whole import written_whole
-
-MODEL_BINDING = re.compile(r"^train\.model\s*=\s*(@\S+)\s*$", re.MULTILINE)
-FAKE_QUANTIZED_BINDING = re.compile(r"^fake_quantized\.model\s*=\s*(@\S+)\s*$", re.MULTILINE)
+from ptmjax.tools.derived_folder import checkpoint_bytes, refuse_target, source_config, write_derived_folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,29 +53,14 @@ def quantize_folder(
     if trained_fake_quantized:
         model = fake_quantization.base_model(model)
     q_model = quantized(model, settings.weights, settings.activations, settings.tile_size, settings.targets)
-    with open(folder.config_path) as f:
-        config = f.read()
-    float_binding = _float_model_binding(config, folder.config_path, trained_fake_quantized)
-    if not overwrite:
-        refuse_non_empty(target, "--to", "a quantized model folder", "ptmjax quantize")
+    config, float_binding = source_config(folder, "fake_quantized.model" if trained_fake_quantized else "train.model")
+    refuse_target(target, "a quantized model folder", "ptmjax quantize", overwrite)
     step = folder.checkpoint_step(step)
     params = _quantized_params(folder, model, q_model, mesh_config, step)
-    with written_whole(target) as staging:
-        staged = ModelDir(staging)
-        for name in (os.path.basename(folder.tokenizer_path), os.path.basename(folder.generation_path)):
-            path = os.path.join(folder.path, name)
-            copy = shutil.copytree if os.path.isdir(path) else shutil.copy2
-            if os.path.exists(path):
-                copy(path, os.path.join(staging, name))
-        sentence_pooling.copy_pooling_files(folder.path, staging)
-        with open(staged.config_path, "w") as f:
-            f.write(config + _quantized_binding(float_binding, settings, folder.path, step))
-        checkpointer = staged.checkpointer(asynchronous=False)
-        checkpointer.save_params(step, params)
-        checkpointer.close()
-    checkpoint = os.path.join(ModelDir(target).checkpoints_path, str(step))
-    disk = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(checkpoint) for name in names)
-    return QuantizedFolder(checkpoint, _bytes(model_api(model).abstract_params), _bytes(params), disk)
+    checkpoint = write_derived_folder(folder, target, config + _quantized_binding(float_binding, settings, folder.path,
+                                                                                  step), params, step)
+    return QuantizedFolder(checkpoint, _bytes(model_api(model).abstract_params), _bytes(params),
+                           checkpoint_bytes(checkpoint))
 
 
 def _scheme(model, given: dict, source: str) -> dict:
@@ -100,15 +75,6 @@ def _scheme(model, given: dict, source: str) -> dict:
         raise ValueError(f"{source} trained with fake quantization {name}={own[name]!r}, not {value!r}; leave "
                          f"--{name} out to store the integers it trained with")
     return own
-
-
-def _float_model_binding(config: str, path: str, fake_quantized: bool) -> str:
-    """The config's binding of the float model: train.model's, or under fake quantization fake_quantized.model's."""
-    bindings = (FAKE_QUANTIZED_BINDING if fake_quantized else MODEL_BINDING).findall(config)
-    if not bindings:
-        name = "fake_quantized.model" if fake_quantized else "train.model"
-        raise ValueError(f"{path} binds no {name} on one line (e.g. '{name} = @GPT2()')")
-    return bindings[-1]
 
 
 def _bytes(params) -> int:

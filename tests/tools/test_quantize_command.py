@@ -17,10 +17,12 @@ from ptmjax.storage.model_dir import ModelDir
 CONFIG = GPT2Config(vocab_size=64, d_model=32, num_heads=2, num_layers=2, d_ff=64, max_length=16)
 
 
-def float_folder(path):
-    params = jax.device_get(nn.unbox(model_api(GPT2(CONFIG)).init(jax.random.key(0))))
+def float_folder(path, model=None):
+    """A model folder of `model`'s (default: the tiny GPT-2's) initial parameters at step 7."""
+    model = model or GPT2(CONFIG)
+    params = jax.device_get(nn.unbox(model_api(model).init(jax.random.key(0))))
     path.mkdir()
-    (path / "config.gin").write_text(checkpoint.model_gin(GPT2(CONFIG)))
+    (path / "config.gin").write_text(checkpoint.model_gin(model))
     checkpointer = Checkpointer(str(path / "checkpoints"), asynchronous=False)
     checkpointer.save_params(7, params)
     checkpointer.close()
