@@ -93,7 +93,7 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None, overwrite: b
     api = model_api(model)
     model, params, notes = float_model(model, folder.read_params(api.abstract_params, step=step))
     for note in notes:  # LoRA merged, quantized kernels dequantized
-        print(f"{folder.path}: {note} for Hugging Face")
+        print(f"Hugging Face export of {folder.path}: {note}")
     if api.scanning:  # Hugging Face's layout is the unscanned one
         params, model = layer_stack.unscan(params, model.config), layer_stack.with_scan_layers(model, False)
     imported = os.path.isfile(folder.generation_path)

@@ -74,7 +74,7 @@ def test_a_quantized_folder_exports_to_transformers_dequantized(tmp_path, capsys
                      "--tile_size", "16"]) == 0
     assert "parameters" in capsys.readouterr().out
     assert cli.main(["convert", "--from", str(tmp_path / "q"), "--to-hf", str(tmp_path / "hf")]) == 0
-    assert "quantized int4 kernels dequantized to float32 for Hugging Face" in capsys.readouterr().out
+    assert ": quantized int4 kernels dequantized to float32" in capsys.readouterr().out
     folder = ModelDir(str(tmp_path / "q"))
     model, _ = gin_files.read_model_config(folder)
     tokens = np.random.default_rng(0).integers(0, CONFIG.vocab_size, (2, 10))
