@@ -266,8 +266,7 @@ def _add_quantize_parser(commands: argparse._SubParsersAction) -> None:
         commands, "quantize", help="quantize a model folder after training (int8 / int4 weights, int8 "
         "activations) into a new model folder", parents=[_AFTER],
     )
-    quantize.add_argument("--from", dest="from_dir", required=True, help="a ptmjax model folder (a run or import)")
-    quantize.add_argument("--to", dest="to_dir", required=True, help="the quantized model folder to write")
+    _derived_folder_flags(quantize, "the quantized model folder to write")
     quantize.add_argument("--weights", default=None, help="the kernels' type: int8, int4, nf4, ternary or binary "
                           "(default int8; a fake-quantized run's own)")
     quantize.add_argument("--activations", default=None,
@@ -276,15 +275,20 @@ def _add_quantize_parser(commands: argparse._SubParsersAction) -> None:
                           help="one scale per this many weights along the contracted dim (default: per channel)")
     quantize.add_argument("--targets", default=None, help="regex over the Dense module paths to quantize "
                           "(default: every Dense in the layer stacks, not embeddings or output heads)")
-    quantize.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
-    quantize.add_argument("--overwrite", action="store_true", help="replace a --to folder that is not empty")
+
+
+def _derived_folder_flags(parser: argparse.ArgumentParser, written: str) -> None:
+    """--from, --to, --step and --overwrite of a command that writes a model folder derived from another's."""
+    parser.add_argument("--from", dest="from_dir", required=True, help="a ptmjax model folder (a run or import)")
+    parser.add_argument("--to", dest="to_dir", required=True, help=written)
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a --to folder that is not empty")
 
 
 def _add_prune_heads_parser(commands: argparse._SubParsersAction) -> None:
     prune = _command(commands, "prune-heads", help="remove a model folder's least important attention heads "
                      "(Michel et al.) into a new model folder", parents=[_AFTER])
-    prune.add_argument("--from", dest="from_dir", required=True, help="a ptmjax model folder (a run or import)")
-    prune.add_argument("--to", dest="to_dir", required=True, help="the head-pruned model folder to write")
+    _derived_folder_flags(prune, "the head-pruned model folder to write")
     prune.add_argument("--task", required=True, help="the seqio task whose loss scores the heads")
     prune.add_argument("--fraction", type=float, required=True, help="the share of all heads to prune, in [0, 1)")
     prune.add_argument("--split", default="validation", help="the task's split to score on (default validation)")
@@ -295,19 +299,14 @@ def _add_prune_heads_parser(commands: argparse._SubParsersAction) -> None:
     prune.add_argument("--targets_length", type=int, default=None)
     prune.add_argument("--keep_shapes", action="store_true", help="keep full-size kernels, the pruned heads' output "
                        "rows zero (a model Hugging Face export takes) instead of smaller ones")
-    prune.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
-    prune.add_argument("--overwrite", action="store_true", help="replace a --to folder that is not empty")
 
 
 def _add_prune_layers_parser(commands: argparse._SubParsersAction) -> None:
     prune = _command(commands, "prune-layers", help="keep some of a model folder's layers (LayerDrop's pruning) in "
                      "a new, shallower model folder", parents=[_AFTER])
-    prune.add_argument("--from", dest="from_dir", required=True, help="a ptmjax model folder (a run or import)")
-    prune.add_argument("--to", dest="to_dir", required=True, help="the layer-pruned model folder to write")
+    _derived_folder_flags(prune, "the layer-pruned model folder to write")
     prune.add_argument("--keep", action="append", required=True, help="every_other, layer indices (0,2,5), or "
                        "STACK=every_other / STACK=0,2 once per stack (encoder, decoder)")
-    prune.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
-    prune.add_argument("--overwrite", action="store_true", help="replace a --to folder that is not empty")
 
 
 def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
