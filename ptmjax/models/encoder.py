@@ -245,15 +245,23 @@ class PostLNEncoder(nn.Module):
                 f"token_type_ids has shape {token_type_ids.shape} but input_tokens has {input_tokens.shape}."
             )
         check_length(input_tokens.shape[1], c.max_sequence_length, type(self).__name__)
-        x = self.embeddings(input_tokens, token_type_ids, enable_dropout)  # [b, s, embed_dim]
-        if c.embedding_size is not None:
-            x = self.embedding_projection(x)  # [b, s, d_model]
-        x = nn.with_logical_constraint(x, HIDDEN_AXES)
-        mask = encoder_attention_mask(input_tokens, pad_token_id=c.pad_token_id).for_kernel(c.attention_kernel, x.dtype)
+        x = self.embedded(input_tokens, token_type_ids, enable_dropout)
         return apply_layers(
-            PostLNLayer, c, c.layer_groups, x, mask, enable_dropout=enable_dropout,
-            repeats=c.num_layers // c.layer_groups,
+            PostLNLayer, c, c.layer_groups, x, self.attention_mask(input_tokens, x.dtype),
+            enable_dropout=enable_dropout, repeats=c.num_layers // c.layer_groups,
         )
+
+    def embedded(self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False) -> Array:
+        """The first layer's input [b, s, d_model]: the embeddings, then ALBERT's and ELECTRA's projection."""
+        x = self.embeddings(input_tokens, token_type_ids, enable_dropout)  # [b, s, embed_dim]
+        if self.config.embedding_size is not None:
+            x = self.embedding_projection(x)  # [b, s, d_model]
+        return nn.with_logical_constraint(x, HIDDEN_AXES)
+
+    def attention_mask(self, input_tokens: Array, dtype: jnp.dtype) -> AttentionMask:
+        """Every layer's attention mask: real tokens attend to real tokens, in the config's kernel's form."""
+        c = self.config
+        return encoder_attention_mask(input_tokens, pad_token_id=c.pad_token_id).for_kernel(c.attention_kernel, dtype)
 
 
 @flax.struct.dataclass

@@ -69,7 +69,10 @@ class EncoderForSequenceClassification(EncoderTaskModel):
             )
 
     def __call__(self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False) -> Array:
-        hidden = self.encode(input_tokens, token_type_ids, enable_dropout)
+        return self.classify(self.encode(input_tokens, token_type_ids, enable_dropout), enable_dropout)
+
+    def classify(self, hidden: Array, enable_dropout: bool = False) -> Array:
+        """The head alone: final hidden states [b, s, d_model] -> float32 logits [b, num_labels]."""
         if self.config.classifier_activation is not None:
             return self.classifier(hidden, enable_dropout)
         pooled = self.dropout(self.pair_head(hidden), deterministic=not enable_dropout)
