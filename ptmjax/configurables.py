@@ -8,6 +8,8 @@ import gin
 from ptmjax import partitioning  # noqa: F401
 from ptmjax.adapt import adapters, bitfit, lora, p_tuning, prefix_tuning, prompt_tuning
 from ptmjax.compress.distillation import Distillation
+from ptmjax.compress.early_exit import EXIT_PARAMS, early_exit
+from ptmjax.compress.early_exit_loss import ExitLoss
 from ptmjax.compress.fake_quantization import fake_quantized
 from ptmjax.compress.head_pruning import head_pruned
 from ptmjax.compress.magnitude_pruning import MagnitudePruning
@@ -46,6 +48,8 @@ gin.external_configurable(MagnitudePruning, module="ptmjax.compress")
 gin.external_configurable(quantized, module="ptmjax.compress")
 gin.external_configurable(head_pruned, module="ptmjax.compress")
 gin.external_configurable(fake_quantized, module="ptmjax.compress")
+gin.external_configurable(early_exit, module="ptmjax.compress")
+gin.external_configurable(ExitLoss, module="ptmjax.compress")
 gin.external_configurable(adapters.adapters, module="ptmjax.adapt")
 gin.external_configurable(prompt_tuning.prompt_tuning, module="ptmjax.adapt")
 gin.external_configurable(p_tuning.p_tuning, module="ptmjax.adapt")
@@ -66,3 +70,4 @@ gin.constant("ptmjax.adapt.BITFIT_PARAMS", bitfit.BITFIT_PARAMS)
 gin.constant("ptmjax.adapt.ADAPTER_PARAMS", adapters.ADAPTER_PARAMS)
 gin.constant("ptmjax.adapt.PROMPT_PARAMS", prompt_tuning.PROMPT_PARAMS)
 gin.constant("ptmjax.adapt.PREFIX_PARAMS", prefix_tuning.PREFIX_PARAMS)
+gin.constant("ptmjax.compress.EXIT_PARAMS", EXIT_PARAMS)  # the exits alone: DeeBERT's second stage
