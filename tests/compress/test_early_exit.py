@@ -299,3 +299,38 @@ def test_the_demo_run_files_bind_exits_and_their_losses():
             assert bindings.get("trainable") == trainable
         finally:
             gin.clear_config()
+
+
+def test_a_gin_run_trains_the_exits_and_its_evaluation_reports_score_and_layers(tmp_path):
+    """runs/early_exit_demo.gin from a fresh BERT (no init checkpoint), 3 steps; the report at threshold 0 is
+    `ptmjax eval`'s score with every layer used, at an infinite threshold every example leaves at layer 1."""
+    import gin
+
+    from ptmjax import cli
+    from ptmjax.compress.early_exit_evaluation import ExitEvaluation
+    from ptmjax.decoding import DecodeConfig
+    from ptmjax.tasks.classification_head import MODULE_HEAD_TASK
+    from ptmjax.tools.evaluate import evaluate_model_dir
+
+    model_dir = str(tmp_path / "run")
+    bindings = ["train.init_checkpoint = None", "train.num_steps = 3", "train.batch_size = 8",
+                "train.task_feature_lengths = {'inputs': 32}", "train.eval_every = 3", "train.eval_batches = 1",
+                "train.inference_eval_tasks = []", "train.best_checkpoint_metric = None", "BertConfig.num_layers = 3"]
+    try:
+        assert cli.main(["train", "--gin_file", "runs/early_exit_demo.gin", "--model_dir", model_dir,
+                         *(f"--gin_bindings={b}" for b in bindings)]) == 0
+    finally:
+        gin.clear_config()
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        assert "exit3_accuracy" in f.read()
+    evaluation = ExitEvaluation(model_dir, MODULE_HEAD_TASK, batch_size=8, max_examples=24)
+    plain = evaluate_model_dir(model_dir, MODULE_HEAD_TASK, DecodeConfig(), batch_size=8, max_examples=24,
+                               output=str(tmp_path / "eval.json"), show_progress=False).results[MODULE_HEAD_TASK]
+    (none,) = evaluation.report(EntropyExit(0.0))
+    assert none.metrics == pytest.approx(plain) and none.average_exit_layer == 3 and none.layers_saved == 0
+    (first,) = evaluation.report(EntropyExit(math.inf))
+    assert first.average_exit_layer == 1 and first.layers_saved == pytest.approx(2 / 3)
+    (patient,) = evaluation.report(PatienceExit(1))
+    assert 2 <= patient.average_exit_layer <= 3 and patient.layers_saved == pytest.approx(
+        1 - patient.average_exit_layer / 3)
+    assert set(patient.metrics) == set(plain) and patient.depth == 3
