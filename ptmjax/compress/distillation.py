@@ -5,7 +5,8 @@ on the same mesh, the teacher's parameters in the train state's extra entry 'tea
 
     hard_weight * the family's own loss
     + soft_weight * T² KL(teacher || student) of the target logits at temperature T, on the loss's weighted positions
-    + hidden_weight * a hidden-state loss between mapped layers (DistilBERT's cosine, or squared error)
+    + hidden_weight * a hidden-state loss between mapped layers (DistilBERT's cosine, squared error, or BERT-PKD's
+      patient loss on the first position's states, summed over the layer pairs and weighted by the row's targets)
     + attention_weight * an attention loss between mapped layers (MiniLM's KL, or TinyBERT's squared error)
 
 each summed over the weighted target positions like the token loss (the step divides by their count); the layer
@@ -41,6 +42,7 @@ from ptmjax.families.token_loss import LossConfig
 from ptmjax.layers import layer_stack
 
 HIDDEN_LOSSES = {"cosine": losses.hidden_cosine, "mse": losses.hidden_mse}
+PATIENT = "pkd"  # BERT-PKD's patient loss on the first position's ([CLS]) states, per row
 ATTENTION_LOSSES = {"kl": losses.attention_kl, "mse": losses.attention_mse}
 
 
@@ -55,7 +57,7 @@ class Distillation:
         `Distillation.teacher = @teacher/EncoderDecoder()` and `teacher/T5Config.num_encoder_layers = 12`.
       temperature: T of the soft targets.
       hard_weight, soft_weight, hidden_weight, attention_weight: each term's weight (0 leaves it out).
-      hidden_loss: 'cosine' or 'mse'; attention_loss: 'kl' or 'mse'.
+      hidden_loss: 'cosine', 'mse' or 'pkd' (BERT-PKD's normalised [CLS] states); attention_loss: 'kl' or 'mse'.
       layers: the teacher layer of each student layer in the layer losses: 'uniform', 'last', 'alternate'
         (ptmjax/compress/layer_maps.py) or a list of teacher layer indices.
       init_layers: a fresh student starts from its teacher's parameters, each layer from the teacher layer this
@@ -83,7 +85,7 @@ class Distillation:
         negative = [f"Distillation.{k}={v!r}" for k, v in weights.items() if not isinstance(v, int | float) or v < 0]
         if negative:
             raise ValueError(f"{', '.join(negative)}: each weight must be a number >= 0 (0 leaves its term out)")
-        for name, value, known in (("hidden_loss", self.hidden_loss, HIDDEN_LOSSES),
+        for name, value, known in (("hidden_loss", self.hidden_loss, [*HIDDEN_LOSSES, PATIENT]),
                                    ("attention_loss", self.attention_loss, ATTENTION_LOSSES)):
             if value not in known:
                 raise ValueError(f"Distillation.{name}={value!r}: use one of {', '.join(known)}")
@@ -172,8 +174,12 @@ class Distillation:
         terms = {}
         if self.hidden_weight:
             pairs = [(student[0][i][1], teacher[0][j][1]) for i, j in enumerate(mapping)]
-            value = sum(HIDDEN_LOSSES[self.hidden_loss](s, t) for s, t in pairs) / len(pairs)
-            terms["distill_hidden"] = self.hidden_weight * jnp.sum(value * per_token)
+            if self.hidden_loss == PATIENT:  # summed over the layer pairs, as BERT-PKD's
+                cls = [jnp.stack([pair[k][:, 0] for pair in pairs], axis=1) for k in (0, 1)]  # [b, layers, width]
+                terms["distill_hidden"] = self.hidden_weight * jnp.sum(losses.patient_states(*cls) * row_targets)
+            else:
+                value = sum(HIDDEN_LOSSES[self.hidden_loss](s, t) for s, t in pairs) / len(pairs)
+                terms["distill_hidden"] = self.hidden_weight * jnp.sum(value * per_token)
         if self.attention_weight:
             s_att, t_att = stack_attention(student[1], stack), stack_attention(teacher[1], probed_stack(
                 teacher_api.module))

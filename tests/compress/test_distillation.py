@@ -110,6 +110,29 @@ def test_the_objective_equals_float64_terms_from_both_models_own_outputs(tmp_pat
     np.testing.assert_allclose(float(metrics["token_loss"]), sum(expected.values()), rtol=2e-5)
 
 
+def test_the_patient_loss_equals_float64_bert_pkd_on_the_first_positions(tmp_path):
+    """BERT-PKD: the unit-normalised first-position states of each mapped layer pair (a 2-layer student of a 2-layer
+    teacher, the identity map), squared distances summed over the pairs, weighted by each row's targets."""
+    teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
+    student_config = dataclasses.replace(TEACHER, num_decoder_layers=1)
+    objective = Distillation(teacher_dir, teacher=EncoderDecoder(TEACHER), hard_weight=0.0, soft_weight=0.0,
+                             hidden_weight=0.4, hidden_loss="pkd")
+    trainer, spec = trainer_of(EncoderDecoder(student_config), objective)
+    state = trainer.init_state(jax.random.key(1))
+    student_params, teacher_params = jax.device_get((state.params, state.extra["teacher"]))
+    batch, device_batch = t5_batch(spec, trainer)
+    _, metrics = trainer.train_step(state, device_batch, jax.random.key(2))
+    _, student = sown(EncoderDecoder(student_config), student_params, batch)
+    _, teacher = sown(EncoderDecoder(TEACHER), teacher_params, batch)
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    patient = sum(np.sum((unit(student[f"layers_{i}"]["hidden_states"][0][:, 0])
+                          - unit(teacher[f"layers_{i}"]["hidden_states"][0][:, 0])) ** 2, -1) for i in (0, 1))
+    w = batch["decoder_loss_weights"].astype(np.float64)
+    np.testing.assert_allclose(float(metrics["distill_hidden"]), 0.4 * np.sum(patient * w.sum(-1)) / w.sum(),
+                               rtol=2e-5)
+    assert float(metrics["distill_hidden"]) > 1e-3
+
+
 def test_a_copy_of_the_teacher_has_zero_distillation_loss_and_trains_as_on_the_family_loss(tmp_path):
     teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
     objective = Distillation(teacher_dir, hard_weight=1.0, soft_weight=1.0, hidden_weight=1.0, attention_weight=1.0,
@@ -225,7 +248,7 @@ def test_an_encoder_student_distils_its_masked_positions_and_layers(tmp_path):
 @pytest.mark.parametrize("settings, message", [
     ({"temperature": 0}, r"Distillation.temperature=0 must be a positive number"),
     ({"soft_weight": -1}, r"Distillation.soft_weight=-1: each weight must be a number >= 0"),
-    ({"hidden_loss": "l2"}, r"Distillation.hidden_loss='l2': use one of cosine, mse"),
+    ({"hidden_loss": "l2"}, r"Distillation.hidden_loss='l2': use one of cosine, mse, pkd"),
 ])
 def test_bad_settings_are_one_line_errors(settings, message):
     with pytest.raises(ValueError, match=message):
