@@ -19,7 +19,7 @@ partitioning rules and a pre-trained or fine-tuned checkpoint (restored by path;
 new) see the model they know. The layer outputs are read as the probing tools read them
 (`recorded_layer_calls`): the state after layer i is layer i + 1's input, so a layer LayerDrop skips
 hands its input on. What the exits are trained on is `early_exit_loss.ExitLoss`; when to leave is
-`early_exit_policies`. Scanned layers are refused; GPT-2's and T5's heads are not served (GPT-2's
+`early_exit_policies`. Scanned and rematerialised layers are refused; GPT-2's and T5's heads are not served (GPT-2's
 intermediate states come before its final norm, so its head would not fit them).
 """
 
@@ -82,18 +82,22 @@ def early_exit(model: nn.Module) -> nn.Module:
 
 
 def check_exit_base(model: nn.Module) -> None:
-    """Raise in one line unless `model` is an encoder-family sequence classifier (two or more labels), unscanned."""
+    """Raise in one line unless `model` is an encoder-family sequence classifier (two or more labels) with plain
+    layers (not scanned, not rematerialised)."""
     family = family_of(model) if isinstance(model, nn.Module) else None
-    if family is None or family.kind is not Kind.ENCODER or family.head_predictions is not class_ids:
+    classifier = family is not None and family.task_head == "SequenceClassification"
+    if not classifier or family.kind is not Kind.ENCODER or family.head_predictions is not class_ids:
         raise ValueError(
             f"early exit needs a sequence classifier of the encoder family (BERT, RoBERTa, ALBERT, ELECTRA) with "
             f"num_labels >= 2, got {type(model).__name__}; e.g. early_exit.model = @EncoderForSequenceClassification()"
         )
+    config = type(model.config).__name__
     if layer_stack.scanning_config(model) is not None:
-        raise ValueError(
-            f"early exit reads every layer's output, which a scanned stack hides; set "
-            f"{type(model.config).__name__}.scan_layers = False."
-        )
+        raise ValueError(f"early exit reads every layer's output, which a scanned stack hides; set "
+                         f"{config}.scan_layers = False.")
+    if model.config.remat_policy != "none":
+        raise ValueError(f"early exit reads every layer's output, which remat_policy={model.config.remat_policy!r} "
+                         f"recomputes out of its reach; set {config}.remat_policy = 'none'.")
 
 
 def has_exits(model: nn.Module) -> bool:

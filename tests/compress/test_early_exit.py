@@ -272,6 +272,8 @@ def test_sharded_training_steps_equal_one_device():
      r"num_labels >= 2, got EncoderForSequenceClassification"),
     (lambda: early_exit(EncoderForSequenceClassification(dataclasses.replace(CONFIGS["bert"], scan_layers=True))),
      r"a scanned stack hides; set BertConfig.scan_layers = False"),
+    (lambda: early_exit(EncoderForSequenceClassification(dataclasses.replace(CONFIGS["bert"], remat_policy="full"))),
+     r"remat_policy='full' recomputes out of its reach; set BertConfig.remat_policy = 'none'"),
     (lambda: early_exit(exit_model()), r"already has exits; apply early_exit to the classifier once"),
     (lambda: ExitLoss()(model_api(EncoderForSequenceClassification(CONFIGS["bert"])), {}, {}, LossConfig(), None,
                         {}),
@@ -334,3 +336,19 @@ def test_a_gin_run_trains_the_exits_and_its_evaluation_reports_score_and_layers(
     assert 2 <= patient.average_exit_layer <= 3 and patient.layers_saved == pytest.approx(
         1 - patient.average_exit_layer / 3)
     assert set(patient.metrics) == set(plain) and patient.depth == 3
+
+
+def test_an_exit_after_a_layer_layerdrop_skips_reads_that_layers_input():
+    model = early_exit(EncoderForSequenceClassification(dataclasses.replace(CONFIGS["bert"], layerdrop=0.5),
+                                                        num_labels=LABELS))
+    params = nn.unbox(model_api(model).init(jax.random.key(5)))
+    ids = tokens()
+    for seed in range(20):
+        logits, variables = model.apply({"params": params}, ids, enable_dropout=True, method="exit_logits",
+                                        rngs={"dropout": jax.random.key(seed)}, mutable=["intermediates"])
+        (dropped,) = variables["intermediates"]["layerdrop"]["dropped"]
+        if dropped[0]:
+            break
+    assert dropped[0], "no draw dropped layer 1"
+    embedded = model.apply({"params": params}, ids, method="embedded")
+    np.testing.assert_allclose(logits[0], model.apply({"params": params}, 0, embedded, method="exit_at"), atol=1e-6)
