@@ -8,6 +8,7 @@ on the same mesh, the teacher's parameters in the train state's extra entry 'tea
     + hidden_weight * a hidden-state loss between mapped layers (DistilBERT's cosine, squared error, or BERT-PKD's
       patient loss on the first position's states, summed over the layer pairs and weighted by the row's targets)
     + attention_weight * an attention loss between mapped layers (MiniLM's KL, or TinyBERT's squared error)
+    + value_weight * MiniLM's value-relation KL between mapped layers
 
 each summed over the weighted target positions like the token loss (the step divides by their count); the layer
 terms are averaged over the mapped layers and over each row's tokens, weighted as the row's targets are. The
@@ -56,7 +57,8 @@ class Distillation:
         model). Bind it with a gin scope, e.g.
         `Distillation.teacher = @teacher/EncoderDecoder()` and `teacher/T5Config.num_encoder_layers = 12`.
       temperature: T of the soft targets.
-      hard_weight, soft_weight, hidden_weight, attention_weight: each term's weight (0 leaves it out).
+      hard_weight, soft_weight, hidden_weight, attention_weight, value_weight: each term's weight (0 leaves it
+        out).
       hidden_loss: 'cosine', 'mse' or 'pkd' (BERT-PKD's normalised [CLS] states); attention_loss: 'kl' or 'mse'.
       layers: the teacher layer of each student layer in the layer losses: 'uniform', 'last', 'alternate'
         (ptmjax/compress/layer_maps.py) or a list of teacher layer indices.
@@ -72,6 +74,7 @@ class Distillation:
     soft_weight: float = 1.0
     hidden_weight: float = 0.0
     attention_weight: float = 0.0
+    value_weight: float = 0.0
     hidden_loss: str = "cosine"
     attention_loss: str = "kl"
     layers: str | Sequence[int] = "uniform"
@@ -81,7 +84,7 @@ class Distillation:
         if not isinstance(self.temperature, int | float) or self.temperature <= 0:
             raise ValueError(f"Distillation.temperature={self.temperature!r} must be a positive number, e.g. 2.0")
         weights = {name: getattr(self, name) for name in ("hard_weight", "soft_weight", "hidden_weight",
-                                                           "attention_weight")}
+                                                           "attention_weight", "value_weight")}
         negative = [f"Distillation.{k}={v!r}" for k, v in weights.items() if not isinstance(v, int | float) or v < 0]
         if negative:
             raise ValueError(f"{', '.join(negative)}: each weight must be a number >= 0 (0 leaves its term out)")
@@ -93,7 +96,7 @@ class Distillation:
     def extra_state(self, model: nn.Module) -> tuple[FrozenTeacher]:
         """The teacher's parameters, for a run training `model`; checks first that the layer losses can map it."""
         teacher = FrozenTeacher(self.teacher_model(model), self.teacher_dir)
-        if self.hidden_weight or self.attention_weight:
+        if self._reads_layers:
             self._layer_map(model_api(model), teacher.api)
         return (teacher,)
 
@@ -117,7 +120,7 @@ class Distillation:
     ) -> tuple[jax.Array, jax.Array, Stats, dict[str, Any]]:
         """The Objective (ptmjax/training/objective.py): the weighted terms, and each alone as a metric."""
         teacher_api = model_api(self.teacher_model(api.module))
-        layers = bool(self.hidden_weight or self.attention_weight)
+        layers = self._reads_layers
         student, student_layers = self._forward(api, params, batch, loss_config, rng, layers)
         teacher, teacher_layers = self._forward(teacher_api, extra[TEACHER], batch, loss_config, None, layers)
         token_loss, batch_loss, stats = api.loss_terms(params, *student, batch, loss_config)
@@ -186,7 +189,17 @@ class Distillation:
             value = sum(ATTENTION_LOSSES[self.attention_loss](s_att[i], t_att[j], real)
                         for i, j in enumerate(mapping)) / len(mapping)
             terms["distill_attention"] = self.attention_weight * jnp.sum(value * per_token)
+        if self.value_weight:
+            s_val, t_val = (stack_attention(sown[1], probed_stack(model.module), "values")
+                            for sown, model in ((student, api), (teacher, teacher_api)))
+            value = sum(losses.attention_kl(losses.value_relation(s_val[i], real), losses.value_relation(
+                t_val[j], real), real) for i, j in enumerate(mapping)) / len(mapping)
+            terms["distill_value"] = self.value_weight * jnp.sum(value * per_token)
         return terms
+
+    @property
+    def _reads_layers(self) -> bool:
+        return bool(self.hidden_weight or self.attention_weight or self.value_weight)
 
     def _layer_map(self, api: ModelApi, teacher_api: ModelApi) -> list[int]:
         """The teacher layer of each student layer; one-line errors for what the layer losses cannot compare."""
@@ -197,16 +210,17 @@ class Distillation:
                                                                                  "none") != "none":
                 raise ValueError(f"the layer losses read the {role}'s layers one by one: set its scan_layers = False "
                                  "and remat_policy = 'none' (or Distillation.hidden_weight and attention_weight to 0)")
-            if self.attention_weight and getattr(config, "attention_kernel", "einsum") != "einsum":
-                raise ValueError(f"Distillation.attention_weight reads the {role}'s attention probabilities, which "
-                                 f"only attention_kernel = 'einsum' gives (it has {config.attention_kernel!r})")
+            if (self.attention_weight or self.value_weight) and getattr(config, "attention_kernel",
+                                                                         "einsum") != "einsum":
+                raise ValueError(f"Distillation.attention_weight and value_weight read the {role}'s attention, which "
+                                 f"only attention_kernel = 'einsum' sows (it has {config.attention_kernel!r})")
             probed_stack(model.module)  # raises for a model without a probed stack
             shapes.append((stack_depth(model.module), config.d_model, config.num_heads))
         (student_layers, student_width, student_heads), (teacher_layers, teacher_width, teacher_heads) = shapes
         if self.hidden_weight and student_width != teacher_width:
             raise ValueError(f"Distillation.hidden_weight compares hidden states of equal widths; the student's are "
                              f"{student_width} wide, the teacher's {teacher_width}")
-        if self.attention_weight and student_heads != teacher_heads:
-            raise ValueError(f"Distillation.attention_weight compares heads one to one; the student has "
-                             f"{student_heads}, the teacher {teacher_heads}")
+        if (self.attention_weight or self.value_weight) and student_heads != teacher_heads:
+            raise ValueError(f"Distillation.attention_weight and value_weight compare heads one to one; the student "
+                             f"has {student_heads}, the teacher {teacher_heads}")
         return checked_layer_map(self.layers, student_layers, teacher_layers)

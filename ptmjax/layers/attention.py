@@ -172,6 +172,7 @@ class MultiHeadAttention(nn.Module):
                 logits = logits + jnp.asarray(bias, logits.dtype)
             weights = softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
             self.sow("intermediates", "attention_weights", weights)
+            self.sow("intermediates", "values", value)  # MiniLM's value relation (compress/distillation.py)
             weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
             context = precision.einsum("bhqk,bhkd->bqhd", weights, value)  # [b, q, h, d]
         else:

@@ -74,7 +74,7 @@ def test_the_objective_equals_float64_terms_from_both_models_own_outputs(tmp_pat
     """Teacher 2 + 2 layers, student 1 + 1 (the uniform map: student layer 0 learns from teacher layer 1)."""
     teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
     objective = Distillation(teacher_dir, teacher=EncoderDecoder(TEACHER), temperature=2.0, hard_weight=0.5,
-                             soft_weight=0.7, hidden_weight=0.3, attention_weight=0.2)
+                             soft_weight=0.7, hidden_weight=0.3, attention_weight=0.2, value_weight=0.6)
     trainer, spec = trainer_of(EncoderDecoder(STUDENT), objective)
     state = trainer.init_state(jax.random.key(1))
     student_params, teacher_params = jax.device_get((state.params, state.extra["teacher"]))
@@ -98,7 +98,16 @@ def test_the_objective_equals_float64_terms_from_both_models_own_outputs(tmp_pat
     kept = real[:, None, None, :] > 0
     kl = np.mean(np.sum(np.where(kept, a_t * (np.log(np.where(kept, a_t, 1)) - np.log(np.where(kept, a_s, 1))), 0),
                         -1), 1)
+    def relation(values):  # MiniLM: softmax(V Vᵀ / sqrt(d)) over the real keys
+        scores = np.einsum("bhqd,bhkd->bhqk", values, values) / np.sqrt(values.shape[-1])
+        return softmax64(np.where(kept, scores, -np.inf))
+
+    r_s = relation(student["layers_0"]["attention"]["values"][0])
+    r_t = relation(teacher["layers_1"]["attention"]["values"][0])
+    value_kl = np.mean(np.sum(np.where(kept, r_t * (np.log(np.where(kept, r_t, 1)) - np.log(np.where(kept, r_s, 1))),
+                                       0), -1), 1)
     expected = {
+        "distill_value": 0.6 * np.sum(value_kl * per_token) / tokens,
         "distill_hard": 0.5 * np.sum(hard * w) / tokens, "distill_soft": 0.7 * np.sum(soft * w) / tokens,
         "distill_hidden": 0.3 * np.sum((1 - cosine) * per_token) / tokens,
         "distill_attention": 0.2 * np.sum(kl * per_token) / tokens,

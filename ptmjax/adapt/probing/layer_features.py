@@ -114,14 +114,15 @@ def recorded_layer_calls(stack: ProbedStack) -> Iterator[list[tuple[jax.Array, j
         yield calls
 
 
-def stack_attention(intermediates: Any, stack: ProbedStack) -> jax.Array:
+def stack_attention(intermediates: Any, stack: ProbedStack, sown: str = "attention_weights") -> jax.Array:
     """The self-attention probabilities `stack`'s layers sowed into 'intermediates', in call order:
-    [layers, b, heads, q, k] (the einsum attention path sows them)."""
+    [layers, b, heads, q, k] (the einsum attention path sows them); with sown='values' their values,
+    [layers, b, heads, k, head width]."""
     node = intermediates
     for name in stack.path:
         node = node[name]
     names = sorted((n for n in node if LAYER_NAME.fullmatch(n)), key=lambda n: int(LAYER_NAME.fullmatch(n)[1]))
-    weights = [w for name in names for w in node[name][ATTENTION]["attention_weights"]]
+    weights = [w for name in names for w in node[name][ATTENTION][sown]]
     return jnp.stack(weights).astype(jnp.float32)
 
 
