@@ -48,14 +48,20 @@ def adapted(model: nn.Module, settings: Any) -> nn.Module:
         raise ValueError(
             f"{kind.field} needs a Flax module to adapt, got {type(model).__name__}; e.g. {kind.field}.model = @GPT2()"
         )
-    if isinstance(getattr(model, kind.field, None), kind):
+    if settings_of(model, kind) is not None:
         raise ValueError(f"{type(model).__name__} already has {kind.title}; apply {kind.field} to the base model once.")
     return _adapted_class(type(model), kind)(**_fields(model, type(model)), **{kind.field: settings})
 
 
+def settings_of(model: nn.Module, kind: type) -> Any:
+    """The settings of type `kind` a model adapted by them holds, else None."""
+    settings = getattr(model, kind.field, None)
+    return settings if isinstance(settings, kind) else None
+
+
 def base_model(model: nn.Module, kind: type) -> nn.Module:
     """The model under an adapted `model` whose settings are of type `kind`."""
-    if not isinstance(getattr(model, kind.field, None), kind):
+    if settings_of(model, kind) is None:
         raise ValueError(f"{type(model).__name__} is not a {kind.field} model (it has no {kind.field} field).")
     base = type(model).__bases__[0]
     return base(**_fields(model, base))

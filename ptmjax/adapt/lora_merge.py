@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ptmjax.adapt.interception import settings_of
 from ptmjax.adapt.lora import LoraSettings, base_model
 
 Array = jax.Array
@@ -31,7 +32,7 @@ def merge_lora(params: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:
 
 def without_lora(model: nn.Module, params: Mapping[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
     """The plain model and its parameters, LoRA folded in, when `model` is a LoRA model; else both as they are."""
-    if not isinstance(getattr(model, "lora", None), LoraSettings):
+    if settings_of(model, LoraSettings) is None:
         return model, params
     return base_model(model), merge_lora(params, model)
 

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from ptmjax.adapt.interception import settings_of
 from ptmjax.adapt.probing.layer_features import probed_stack, recorded_layer_calls, stack_attention, stack_depth
 from ptmjax.compress import distillation_losses as losses
 from ptmjax.compress import fake_quantization
@@ -104,7 +105,7 @@ class Distillation:
         """`teacher`, or the student's own architecture: a fake-quantized student's float model (TernaryBERT)."""
         if self.teacher is not None:
             return self.teacher
-        if isinstance(getattr(student, FakeQuantizationSettings.field, None), FakeQuantizationSettings):
+        if settings_of(student, FakeQuantizationSettings) is not None:
             return fake_quantization.base_model(student)
         return student
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import qwix
 
 from ptmjax.adapt import lora
-from ptmjax.adapt.interception import adapted
+from ptmjax.adapt.interception import adapted, settings_of
 from ptmjax.adapt.lora import LoraSettings
 from ptmjax.adapt.lora_merge import without_lora
 from ptmjax.compress import fake_quantization, quantization
@@ -35,16 +35,13 @@ from ptmjax.compress.quantization import SCALE, QuantizationSettings
 def float_model(model: nn.Module, params: Mapping[str, Any]) -> tuple[nn.Module, dict[str, Any], list[str]]:
     """(the float model, its parameters, notes on what was merged or dequantized) of `model` and its unboxed
     `params` (module docstring); a plain model comes back as it is, with no notes."""
-    settings = getattr(model, LoraSettings.field, None)
-    if isinstance(settings, LoraSettings):
+    if settings := settings_of(model, LoraSettings):
         under, params, notes = float_model(lora.base_model(model), params)
         merged, params = without_lora(adapted(under, settings), params)
         return merged, params, [*notes, "LoRA updates merged into their float kernels"]
-    settings = getattr(model, QuantizationSettings.field, None)
-    if isinstance(settings, QuantizationSettings):
+    if settings := settings_of(model, QuantizationSettings):
         return quantization.base_model(model), dequantized_params(params, settings), [_note(settings, "quantized")]
-    settings = getattr(model, FakeQuantizationSettings.field, None)
-    if isinstance(settings, FakeQuantizationSettings):
+    if settings := settings_of(model, FakeQuantizationSettings):
         base = fake_quantization.base_model(model)
         stored = quantization.quantized(base, settings.weights, settings.activations, settings.tile_size,
                                         settings.targets)

@@ -28,13 +28,13 @@ Array = jax.Array
 
 
 def head_importance(
-    model: Any, params: Any, batches: Iterable[Batch], loss_config: LossConfig = LossConfig()
+    model: Any, params: Any, batches: Iterable[Batch], loss_config: LossConfig | None = None
 ) -> dict[str, np.ndarray]:
     """{attention module path: float32 [heads]}: the mean over `batches` of |dL/dξ| of `model` (a float model,
     unscanned) with `params` (unboxed; sharded or not: the step is jitted on their shardings)."""
     masked = head_masked(model)
     masked_params = jax.jit(functools.partial(with_masks, masked))(params)
-    step = jax.jit(functools.partial(mask_gradient_magnitude, model_api(masked), loss_config))
+    step = jax.jit(functools.partial(mask_gradient_magnitude, model_api(masked), loss_config or LossConfig()))
     total, count = None, 0
     for batch in batches:
         magnitude = step(masked_params, batch)

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from ptmjax.adapt.interception import adapted
+from ptmjax.adapt.interception import adapted, settings_of
 from ptmjax.compress.head_masks import OUTPUT, refuse_scanned
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import AttentionMask
@@ -111,8 +111,7 @@ def head_pruned(model: nn.Module, pruned_heads: Mapping[str, Any]) -> nn.Module:
 
 def pruning_of(model: nn.Module) -> HeadPruningSettings | None:
     """The head pruning of a head-pruned model, else None."""
-    settings = getattr(model, HeadPruningSettings.field, None)
-    return settings if isinstance(settings, HeadPruningSettings) else None
+    return settings_of(model, HeadPruningSettings)
 
 
 def kept_heads(num_heads: int, pruned: tuple[int, ...], path: str) -> tuple[int, ...]:

@@ -73,7 +73,7 @@ def _layer_indices(keep: StackKeep, depth: int, name: str) -> tuple[int, ...]:
         raise ValueError(
             f"prune_layers: keep={list(indices)!r} for {where} must name at least one of its layers 0 ... {depth - 1}."
         )
-    if any(a >= b for a, b in zip(indices, indices[1:])):
+    if any(a >= b for a, b in zip(indices, indices[1:], strict=False)):
         raise ValueError(
             f"prune_layers: keep={list(indices)!r} for {where} must list distinct layers in increasing order."
         )

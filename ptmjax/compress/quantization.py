@@ -20,8 +20,8 @@ product. The numerics are qwix's (`qwix.quantize`, `qwix.dot_general` on `qwix.Q
 
 A fresh `init` quantizes the float initialisation; `quantize_params(model, params)` quantizes a float model's
 parameters (the targeted kernels; every other parameter is kept as it is); the quantized model refuses a
-float kernel in a call that cannot change its parameters; `dequantized_params` is the way back, the float
-model's parameters that compute what the weight-only quantized model computes. LoRA goes on top of a
+float kernel in a call that cannot change its parameters; `float_model.dequantized_params` is the way back, the
+float model's parameters that compute what the weight-only quantized model computes. LoRA goes on top of a
 quantized model (QLoRA: `lora(quantized(model, weights='nf4', tile_size=64))`), not under it.
 
 Why not qwix's model interception (`qwix.quantize_model` with a `PtqProvider`, 0.1.8): its quantized

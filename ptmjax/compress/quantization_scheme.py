@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import qwix
 
+from ptmjax.adapt.interception import settings_of
 from ptmjax.adapt.lora import LoraSettings
 
 Array = jax.Array
@@ -124,7 +125,7 @@ class QuantizationScheme:
 
 def refuse_lora_under(model: nn.Module, function: str) -> None:
     """LoRA adds its update to the product a quantized Dense returns, so it goes on top: lora(quantized(...))."""
-    if isinstance(getattr(model, "lora", None), LoraSettings):
+    if settings_of(model, LoraSettings) is not None:
         raise ValueError(f"{function}() of a LoRA model: apply LoRA on top instead, lora({function}(model)) (QLoRA), "
                          f"or merge a trained LoRA first (ptmjax.adapt.lora_merge.merge_lora), then {function}()")
 

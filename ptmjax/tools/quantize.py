@@ -16,6 +16,7 @@ import functools
 import jax
 
 from ptmjax import gin_files, partitioning
+from ptmjax.adapt.interception import settings_of
 from ptmjax.compress import fake_quantization
 from ptmjax.compress.fake_quantization import FakeQuantizationSettings
 from ptmjax.compress.quantization import QuantizationSettings, quantize_params, quantized
@@ -44,16 +45,16 @@ def quantize_folder(
     (a given setting that differs from it is refused)."""
     folder = ModelDir(source)
     model, mesh_config = gin_files.read_model_config(folder)
-    if isinstance(getattr(model, QuantizationSettings.field, None), QuantizationSettings):
+    if settings_of(model, QuantizationSettings) is not None:
         raise ValueError(f"{folder.path} holds a quantized model already; quantize its float source instead")
     given = {name: value for name, value in (("weights", weights), ("activations", activations),
                                              ("tile_size", tile_size), ("targets", targets)) if value is not None}
-    settings = QuantizationSettings(**_scheme(model, given, folder.path))
-    trained_fake_quantized = isinstance(getattr(model, FakeQuantizationSettings.field, None), FakeQuantizationSettings)
-    if trained_fake_quantized:
+    trained = settings_of(model, FakeQuantizationSettings)
+    settings = QuantizationSettings(**_scheme(trained, given, folder.path))
+    if trained is not None:
         model = fake_quantization.base_model(model)
     q_model = quantized(model, settings.weights, settings.activations, settings.tile_size, settings.targets)
-    config, float_binding = source_config(folder, "fake_quantized.model" if trained_fake_quantized else "train.model")
+    config, float_binding = source_config(folder, "fake_quantized.model" if trained else "train.model")
     refuse_target(target, "a quantized model folder", "ptmjax quantize", overwrite)
     step = folder.checkpoint_step(step)
     params = _quantized_params(folder, model, q_model, mesh_config, step)
@@ -63,10 +64,9 @@ def quantize_folder(
                            checkpoint_bytes(checkpoint))
 
 
-def _scheme(model, given: dict, source: str) -> dict:
-    """The scheme's settings: those `given`, or a fake-quantized model's own."""
-    trained = getattr(model, FakeQuantizationSettings.field, None)
-    if not isinstance(trained, FakeQuantizationSettings):
+def _scheme(trained: FakeQuantizationSettings | None, given: dict, source: str) -> dict:
+    """The scheme's settings: those `given`, or a fake-quantized run's own (`trained`)."""
+    if trained is None:
         return given
     own = {field.name: getattr(trained, field.name) for field in dataclasses.fields(trained)}
     differing = {name: value for name, value in given.items() if value != own[name]}

@@ -59,7 +59,8 @@ def float_params(model):
     # biases start at zero: give every parameter a random offset so that biased heads matter too
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(1), len(leaves))
-    return jax.tree.unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    noisy = [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    return jax.tree.unflatten(tree, noisy)
 
 
 def zero_one_masks(pruned):
