@@ -4,6 +4,7 @@ Importing this module also registers the seqio tasks and mixtures.
 """
 
 import gin
+import optax
 
 from ptmjax import partitioning  # noqa: F401
 from ptmjax.adapt import adapters, bitfit, lora, p_tuning, prefix_tuning, prompt_tuning
@@ -12,6 +13,7 @@ from ptmjax.compress.early_exit import EXIT_PARAMS, early_exit
 from ptmjax.compress.early_exit_loss import ExitLoss
 from ptmjax.compress.fake_quantization import fake_quantized
 from ptmjax.compress.head_pruning import head_pruned
+from ptmjax.compress.hidden_projection import hidden_projection
 from ptmjax.compress.magnitude_pruning import MagnitudePruning
 from ptmjax.compress.quantization import quantized
 from ptmjax.data import language_tags  # noqa: F401
@@ -44,6 +46,10 @@ for model_class in MODEL_CLASSES:
     gin.external_configurable(model_class, module="ptmjax.models")
 gin.external_configurable(lora.lora, module="ptmjax.adapt")
 gin.external_configurable(Distillation, module="ptmjax.compress")
+gin.external_configurable(hidden_projection, module="ptmjax.compress")
+for weight_schedule in (optax.constant_schedule, optax.linear_schedule, optax.piecewise_constant_schedule,
+                        optax.cosine_decay_schedule):  # the distillation weights' schedules
+    gin.external_configurable(weight_schedule, module="optax")
 gin.external_configurable(MagnitudePruning, module="ptmjax.compress")
 gin.external_configurable(quantized, module="ptmjax.compress")
 gin.external_configurable(head_pruned, module="ptmjax.compress")

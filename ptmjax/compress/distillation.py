@@ -5,19 +5,23 @@ on the same mesh, the teacher's parameters in the train state's extra entry 'tea
 
     hard_weight * the family's own loss
     + soft_weight * T² KL(teacher || student) of the target logits at temperature T, on the loss's weighted positions
-    + hidden_weight * a hidden-state loss between mapped layers (DistilBERT's cosine, squared error, or BERT-PKD's
-      patient loss on the first position's states, summed over the layer pairs and weighted by the row's targets)
+    + hidden_weight * a hidden-state loss between mapped layers (DistilBERT's cosine, TinyBERT's squared error,
+      or BERT-PKD's patient loss on the first position's states, summed over the layer pairs and weighted by the
+      row's targets)
     + attention_weight * an attention loss between mapped layers (MiniLM's KL, or TinyBERT's squared error)
     + value_weight * MiniLM's value-relation KL between mapped layers
 
-each summed over the weighted target positions like the token loss (the step divides by their count); the layer
+each weight a number or a schedule of the run's steps (ptmjax/compress/distillation_weights.py), each term
+summed over the weighted target positions like the token loss (the step divides by their count); the layer
 terms are averaged over the mapped layers and over each row's tokens, weighted as the row's targets are. The
 teacher runs without dropout and gets no gradient. With `LossConfig.logits_chunk_size` (T5, BART, GPT-2) both
 models' logits are made a chunk of positions at a time, so neither's [batch, length, vocab] logits exist at
 once. The layer losses read the stack the probing tools read (ptmjax/adapt/probing/layer_features.py): the
-encoder family, GPT-2, and T5's and BART's encoder; they need unscanned layers of equal widths (and, for
-attention, equal head counts and einsum attention). The evaluation step, decoding, export and every tool see
-the student alone.
+encoder family, GPT-2, and T5's and BART's encoder; they need unscanned layers (and, for attention, equal head
+counts and einsum attention). Hidden states of unequal widths are compared by squared error through TinyBERT's
+learned projection, which the student carries (`hidden_projection(student, teacher_width)`,
+ptmjax/compress/hidden_projection.py). The evaluation step, decoding, export and every tool see the student
+alone.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from flax import linen as nn
 from ptmjax.adapt.interception import settings_of
 from ptmjax.adapt.probing.layer_features import probed_stack, recorded_layer_calls, stack_attention, stack_depth
 from ptmjax.compress import distillation_losses as losses
-from ptmjax.compress import fake_quantization
+from ptmjax.compress import fake_quantization, hidden_projection
+from ptmjax.compress.distillation_weights import DistillationStep, Weight, bad_weights, is_on, scheduled, weight_at
 from ptmjax.compress.fake_quantization import FakeQuantizationSettings
 from ptmjax.compress.layer_maps import checked_layer_map
 from ptmjax.compress.student_init import student_from_teacher
@@ -59,8 +64,10 @@ class Distillation:
         `Distillation.teacher = @teacher/EncoderDecoder()` and `teacher/T5Config.num_encoder_layers = 12`.
       temperature: T of the soft targets.
       hard_weight, soft_weight, hidden_weight, attention_weight, value_weight: each term's weight (0 leaves it
-        out).
-      hidden_loss: 'cosine', 'mse' or 'pkd' (BERT-PKD's normalised [CLS] states); attention_loss: 'kl' or 'mse'.
+        out), or an optax schedule of the step (ptmjax/compress/distillation_weights.py).
+      hidden_loss: 'cosine', 'mse' or 'pkd' (BERT-PKD's normalised [CLS] states); 'mse' goes through the
+        student's projection when it has one (`hidden_projection`; needed for unequal widths). attention_loss:
+        'kl' or 'mse'.
       layers: the teacher layer of each student layer in the layer losses: 'uniform', 'last', 'alternate'
         (ptmjax/compress/layer_maps.py) or a list of teacher layer indices.
       init_layers: a fresh student starts from its teacher's parameters, each layer from the teacher layer this
@@ -71,11 +78,11 @@ class Distillation:
     teacher_dir: str
     teacher: nn.Module | None = None
     temperature: float = 2.0
-    hard_weight: float = 1.0
-    soft_weight: float = 1.0
-    hidden_weight: float = 0.0
-    attention_weight: float = 0.0
-    value_weight: float = 0.0
+    hard_weight: Weight = 1.0
+    soft_weight: Weight = 1.0
+    hidden_weight: Weight = 0.0
+    attention_weight: Weight = 0.0
+    value_weight: Weight = 0.0
     hidden_loss: str = "cosine"
     attention_loss: str = "kl"
     layers: str | Sequence[int] = "uniform"
@@ -84,27 +91,31 @@ class Distillation:
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, int | float) or self.temperature <= 0:
             raise ValueError(f"Distillation.temperature={self.temperature!r} must be a positive number, e.g. 2.0")
-        weights = {name: getattr(self, name) for name in ("hard_weight", "soft_weight", "hidden_weight",
-                                                           "attention_weight", "value_weight")}
-        negative = [f"Distillation.{k}={v!r}" for k, v in weights.items() if not isinstance(v, int | float) or v < 0]
-        if negative:
-            raise ValueError(f"{', '.join(negative)}: each weight must be a number >= 0 (0 leaves its term out)")
+        bad = bad_weights(self._weights)
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: each weight must be a number >= 0 (0 leaves its term out) or an "
+                             "optax schedule, e.g. @optax.linear_schedule()")
         for name, value, known in (("hidden_loss", self.hidden_loss, [*HIDDEN_LOSSES, PATIENT]),
                                    ("attention_loss", self.attention_loss, ATTENTION_LOSSES)):
             if value not in known:
                 raise ValueError(f"Distillation.{name}={value!r}: use one of {', '.join(known)}")
 
-    def extra_state(self, model: nn.Module) -> tuple[FrozenTeacher]:
-        """The teacher's parameters, for a run training `model`; checks first that the layer losses can map it."""
+    def extra_state(self, model: nn.Module) -> tuple[FrozenTeacher] | tuple[FrozenTeacher, DistillationStep]:
+        """The teacher's parameters (and the step count, for scheduled weights), for a run training `model`;
+        checks first that the layer losses can map it."""
         teacher = FrozenTeacher(self.teacher_model(model), self.teacher_dir)
+        self._check_projection(model, teacher.module)
         if self._reads_layers:
             self._layer_map(model_api(model), teacher.api)
-        return (teacher,)
+        return (teacher, DistillationStep()) if scheduled(self._weights) else (teacher,)
 
     def teacher_model(self, student: nn.Module) -> nn.Module:
-        """`teacher`, or the student's own architecture: a fake-quantized student's float model (TernaryBERT)."""
+        """`teacher`, or the student's own architecture: a fake-quantized student's float model (TernaryBERT),
+        without a projection."""
         if self.teacher is not None:
             return self.teacher
+        if hidden_projection.settings_of(student) is not None:
+            return self.teacher_model(hidden_projection.base_model(student))
         if settings_of(student, FakeQuantizationSettings) is not None:
             return fake_quantization.base_model(student)
         return student
@@ -127,12 +138,14 @@ class Distillation:
         token_loss, batch_loss, stats = api.loss_terms(params, *student, batch, loss_config)
         weights = batch[api.family.loss_weights].astype(jnp.float32)
         tokens = jnp.sum(weights)
-        terms = {"distill_hard": self.hard_weight * token_loss}
-        if self.soft_weight:
+        weight = {name: weight_at(value, extra) for name, value in self._weights.items()}
+        terms = {"distill_hard": weight["hard_weight"] * token_loss}
+        if is_on(self.soft_weight):
             soft = self._soft(api, params, student[0], teacher_api, extra[TEACHER], teacher[0], loss_config)
-            terms["distill_soft"] = self.soft_weight * jnp.sum(soft * weights)
+            terms["distill_soft"] = weight["soft_weight"] * jnp.sum(soft * weights)
         if layers:
-            terms |= self._layer_terms(api, teacher_api, student_layers, teacher_layers, batch, weights)
+            terms |= self._layer_terms(api, params, teacher_api, student_layers, teacher_layers, batch, weights,
+                                       weight)
         stats = stats.merge(Stats.of(**{name: (value, tokens) for name, value in terms.items()}))
         total = sum(terms.values())
         # 'loss' is the objective as optimised (Stats.metrics); each term is logged apart.
@@ -161,12 +174,12 @@ class Distillation:
                                                  teacher, self.temperature, loss_config.logits_chunk_size)
 
     def _layer_terms(
-        self, api: ModelApi, teacher_api: ModelApi, student: tuple[list, Any], teacher: tuple[list, Any],
-        batch: Batch, weights: jax.Array,
+        self, api: ModelApi, params: Any, teacher_api: ModelApi, student: tuple[list, Any], teacher: tuple[list, Any],
+        batch: Batch, weights: jax.Array, weight: Mapping[str, Any],
     ) -> dict[str, jax.Array]:
         """The hidden-state and attention terms, each averaged over the mapped layers and each row's real tokens,
         times the row's share of the target positions (`weights`, the loss's), so that they sum like the token
-        loss."""
+        loss; `weight`: each term's weight at this step."""
         mapping = self._layer_map(api, teacher_api)
         if len(student[0]) != len(mapping) or len(teacher[0]) <= max(mapping):
             raise AssertionError(f"recorded {len(student[0])} student and {len(teacher[0])} teacher layer calls "
@@ -176,31 +189,39 @@ class Distillation:
         row_targets = weights.sum(axis=-1) if weights.ndim > 1 else weights
         per_token = real * (row_targets / jnp.maximum(real.sum(axis=-1), 1.0))[:, None]  # sums to the weights' sum
         terms = {}
-        if self.hidden_weight:
+        if is_on(self.hidden_weight):
             pairs = [(student[0][i][1], teacher[0][j][1]) for i, j in enumerate(mapping)]
             if self.hidden_loss == PATIENT:  # summed over the layer pairs, as BERT-PKD's
                 cls = [jnp.stack([pair[k][:, 0] for pair in pairs], axis=1) for k in (0, 1)]  # [b, layers, width]
-                terms["distill_hidden"] = self.hidden_weight * jnp.sum(losses.patient_states(*cls) * row_targets)
+                value = losses.patient_states(*cls) * row_targets
             else:
-                value = sum(HIDDEN_LOSSES[self.hidden_loss](s, t) for s, t in pairs) / len(pairs)
-                terms["distill_hidden"] = self.hidden_weight * jnp.sum(value * per_token)
-        if self.attention_weight:
+                projected = {"projection": hidden_projection.projection(api.module, params)} if (
+                    self.hidden_loss == "mse" and hidden_projection.settings_of(api.module)) else {}
+                value = sum(HIDDEN_LOSSES[self.hidden_loss](s, t, **projected) for s, t in pairs) / len(pairs)
+                value = value * per_token
+            terms["distill_hidden"] = weight["hidden_weight"] * jnp.sum(value)
+        if is_on(self.attention_weight):
             s_att, t_att = stack_attention(student[1], stack), stack_attention(teacher[1], probed_stack(
                 teacher_api.module))
             value = sum(ATTENTION_LOSSES[self.attention_loss](s_att[i], t_att[j], real)
                         for i, j in enumerate(mapping)) / len(mapping)
-            terms["distill_attention"] = self.attention_weight * jnp.sum(value * per_token)
-        if self.value_weight:
+            terms["distill_attention"] = weight["attention_weight"] * jnp.sum(value * per_token)
+        if is_on(self.value_weight):
             s_val, t_val = (stack_attention(sown[1], probed_stack(model.module), "values")
                             for sown, model in ((student, api), (teacher, teacher_api)))
             value = sum(losses.attention_kl(losses.value_relation(s_val[i], real), losses.value_relation(
                 t_val[j], real), real) for i, j in enumerate(mapping)) / len(mapping)
-            terms["distill_value"] = self.value_weight * jnp.sum(value * per_token)
+            terms["distill_value"] = weight["value_weight"] * jnp.sum(value * per_token)
         return terms
 
     @property
+    def _weights(self) -> dict[str, Weight]:
+        return {name: getattr(self, name) for name in ("hard_weight", "soft_weight", "hidden_weight",
+                                                       "attention_weight", "value_weight")}
+
+    @property
     def _reads_layers(self) -> bool:
-        return bool(self.hidden_weight or self.attention_weight or self.value_weight)
+        return any(is_on(weight) for weight in (self.hidden_weight, self.attention_weight, self.value_weight))
 
     def _layer_map(self, api: ModelApi, teacher_api: ModelApi) -> list[int]:
         """The teacher layer of each student layer; one-line errors for what the layer losses cannot compare."""
@@ -218,10 +239,28 @@ class Distillation:
             probed_stack(model.module)  # raises for a model without a probed stack
             shapes.append((stack_depth(model.module), config.d_model, config.num_heads))
         (student_layers, student_width, student_heads), (teacher_layers, teacher_width, teacher_heads) = shapes
-        if self.hidden_weight and student_width != teacher_width:
-            raise ValueError(f"Distillation.hidden_weight compares hidden states of equal widths; the student's are "
-                             f"{student_width} wide, the teacher's {teacher_width}")
+        if self.hidden_weight and student_width != teacher_width and not hidden_projection.settings_of(api.module):
+            fix = ("give the student TinyBERT's learned projection: train.model = @hidden_projection(), "
+                   f"hidden_projection.teacher_width = {teacher_width}")
+            if self.hidden_loss != "mse":
+                fix = f"use Distillation.hidden_loss = 'mse' and {fix}"
+            raise ValueError(f"Distillation.hidden_loss={self.hidden_loss!r} compares hidden states of equal widths; "
+                             f"the student's are {student_width} wide, the teacher's {teacher_width}: {fix}")
         if (self.attention_weight or self.value_weight) and student_heads != teacher_heads:
             raise ValueError(f"Distillation.attention_weight and value_weight compare heads one to one; the student "
                              f"has {student_heads}, the teacher {teacher_heads}")
         return checked_layer_map(self.layers, student_layers, teacher_layers)
+
+    def _check_projection(self, student: nn.Module, teacher: nn.Module) -> None:
+        """Refuses a student's projection that the objective would not read, or of another width than the
+        teacher's hidden states."""
+        settings = hidden_projection.settings_of(student)
+        if settings is None:
+            return
+        if not is_on(self.hidden_weight) or self.hidden_loss != "mse":
+            raise ValueError("the student's hidden_projection is read only by Distillation.hidden_loss = 'mse' with "
+                             f"hidden_weight > 0 (it has {self.hidden_loss!r}, {self.hidden_weight!r}); set them, or "
+                             "train the model without hidden_projection")
+        if settings.teacher_width != teacher.config.d_model:
+            raise ValueError(f"hidden_projection.teacher_width={settings.teacher_width} but the teacher's hidden "
+                             f"states are {teacher.config.d_model} wide; set it to {teacher.config.d_model}")

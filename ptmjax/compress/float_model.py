@@ -8,7 +8,9 @@ what Hugging Face export writes, and QLoRA's merge (merge in float, then quantiz
 - a quantized model: each integer kernel times its scales, in float32 (the weight-only model's numbers;
   int8 activations are not parameters, so a w8a8 model's float model computes with float activations);
 - a fake-quantized model: each targeted kernel as the quantized model would store it, dequantized, which is
-  what the fake-quantized model computes with.
+  what the fake-quantized model computes with;
+- a distillation student's hidden-state projection (`hidden_projection`): left out, as nothing but the
+  distillation objective reads it.
 
 Each step says what it did in a note, for the user to read.
 """
@@ -27,7 +29,7 @@ from ptmjax.adapt import lora
 from ptmjax.adapt.interception import adapted, settings_of
 from ptmjax.adapt.lora import LoraSettings
 from ptmjax.adapt.lora_merge import without_lora
-from ptmjax.compress import fake_quantization, quantization
+from ptmjax.compress import fake_quantization, hidden_projection, quantization
 from ptmjax.compress.fake_quantization import FakeQuantizationSettings
 from ptmjax.compress.quantization import SCALE, QuantizationSettings
 
@@ -35,6 +37,9 @@ from ptmjax.compress.quantization import SCALE, QuantizationSettings
 def float_model(model: nn.Module, params: Mapping[str, Any]) -> tuple[nn.Module, dict[str, Any], list[str]]:
     """(the float model, its parameters, notes on what was merged or dequantized) of `model` and its unboxed
     `params` (module docstring); a plain model comes back as it is, with no notes."""
+    if hidden_projection.settings_of(model):
+        under, params, notes = float_model(*hidden_projection.without_projection(model, params))
+        return under, params, [*notes, "the distillation's hidden-state projection left out (only training reads it)"]
     if settings := settings_of(model, LoraSettings):
         under, params, notes = float_model(lora.base_model(model), params)
         merged, params = without_lora(adapted(under, settings), params)
