@@ -291,6 +291,8 @@ def _add_prune_heads_parser(commands: argparse._SubParsersAction) -> None:
     _derived_folder_flags(prune, "the head-pruned model folder to write")
     prune.add_argument("--task", required=True, help="the seqio task whose loss scores the heads")
     prune.add_argument("--fraction", type=float, required=True, help="the share of all heads to prune, in [0, 1)")
+    prune.add_argument("--rounds", type=int, default=1, help="prune in this many equal shares, scoring the heads "
+                       "again after each with those pruned masked (Michel et al.; default 1: one shot)")
     prune.add_argument("--split", default="validation", help="the task's split to score on (default validation)")
     prune.add_argument("--num_batches", type=int, default=8, help="batches to score on (default 8)")
     prune.add_argument("--batch_size", type=int, default=8, help="examples per batch (default 8)")
@@ -431,8 +433,8 @@ def run_prune_heads(args: argparse.Namespace) -> int:
 
     lengths = {name: length for name, length in (("inputs", args.inputs_length), ("targets", args.targets_length))
                if length is not None}
-    path = prune_heads_folder(args.from_dir, args.to_dir, args.task, args.fraction, split=args.split,
-                              num_batches=args.num_batches, batch_size=args.batch_size,
+    path = prune_heads_folder(args.from_dir, args.to_dir, args.task, args.fraction, rounds=args.rounds,
+                              split=args.split, num_batches=args.num_batches, batch_size=args.batch_size,
                               task_feature_lengths=lengths or None, keep_shapes=args.keep_shapes, step=args.step,
                               overwrite=args.overwrite)
     print(f"Pruned heads of {args.from_dir} -> {path} (read it with ptmjax.load, eval, infer or inspect)")

@@ -11,7 +11,8 @@ The masks live in the parameter tree, so every function of the parameters takes 
 loss (`model_api(masked).loss`), its gradient, a sharded jit (they shard as the heads do). `with_masks(masked,
 params, masks)` puts a {attention module path: [heads] array} dict into a float model's parameters (ones where
 none is given) and `masks_of(params)` reads them back. Scanned layers are refused: a mask per layer needs the
-layers' own paths (`scan_layers = False`).
+layers' own paths, those of the unscanned twin (`layer_stack.unscanned(model, params)`), which `head_importance`
+and `ptmjax prune-heads` take for a scanned model.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def refuse_scanned(model: nn.Module, what: str) -> None:
     """Raise if `model` scans its layers: `what` acts on each layer's attention by its own path."""
     if layer_stack.scanning_config(model) is not None:
         raise ValueError(f"{what} need each layer's own attention path, but {type(model).__name__} scans its layers; "
-                         "set its config's scan_layers = False (layer_stack.unscan converts scanned parameters)")
+                         "set its config's scan_layers = False, or take its twin layer_stack.unscanned(model, params)")
 
 
 def with_masks(masked: nn.Module, params: Any, masks: Mapping[str, Any] | None = None) -> dict:

@@ -32,7 +32,8 @@ Neither remat nor scanning changes the numbers: logits and gradients equal the p
 model's. Dropout (and MoE jitter) draws differ, since a scan splits the rngs
 per step instead of per layer name. The default, unscanned layout is the one
 the golden files and Hugging Face converters use; `scan` and `unscan` convert
-a parameter tree between the two layouts. The trainer applies the optimizer
+a parameter tree between the two layouts, and `unscanned` gives a model's plain
+twin with its parameters. The trainer applies the optimizer
 to the unscanned layout (`training.optimizers.on_unscanned_layout`), so a
 scanned run's updates and optimizer state are the plain run's.
 """
@@ -284,6 +285,12 @@ def with_scan_layers(model: nn.Module, scan_layers: bool) -> nn.Module | None:
     if not isinstance(config, LayerStacks):
         return None
     return model.clone(config=config.with_scan_layers(scan_layers))
+
+
+def unscanned(model: nn.Module, params: Tree) -> tuple[nn.Module, Any]:
+    """`model` with plain layers and `params` in their layout (a model that does not scan: both as given)."""
+    config = scanning_config(model)
+    return (model, params) if config is None else (with_scan_layers(model, False), unscan(params, config))
 
 
 def scan(params: Tree, config: LayerStacks) -> dict:

@@ -1,9 +1,10 @@
 """A model folder derived from another's checkpoint (quantized, head-pruned, layer-pruned), written whole.
 
 Its config.gin is the source's with the lines that rebuild the derived model appended (gin's last binding
-wins), so `ptmjax.load`, `eval`, `infer` and `inspect` read it as any other folder; its checkpoint, at the
-source's step, holds the derived parameters and nothing else (no optimizer state); an import's tokenizer/,
-generation.json and sentence-transformers files come along. A failed command leaves what was at the target.
+wins; `unscanned_config` adds those that unscan a scanned model), so `ptmjax.load`, `eval`, `infer` and
+`inspect` read it as any other folder; its checkpoint, at the source's step, holds the derived parameters and
+nothing else (no optimizer state); an import's tokenizer/, generation.json and sentence-transformers files come
+along. A failed command leaves what was at the target.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from flax import linen as nn
+
+from ptmjax import gin_files
 from ptmjax.convert.checkpoint import refuse_non_empty
 from ptmjax.data import sentence_pooling
 from ptmjax.storage.model_dir import ModelDir
@@ -29,6 +34,21 @@ def source_config(folder: ModelDir, model: str = "train.model") -> tuple[str, st
     if not found:
         raise ValueError(f"{folder.config_path} binds no {model} on one line (e.g. '{model} = @GPT2()')")
     return config, found[-1]
+
+
+def unscanned_config(folder: ModelDir, config: str, unscanned: nn.Module) -> str:
+    """The folder's `config` with each `scan_layers = True` line it holds bound False after it; refused in one
+    line unless it then builds `unscanned`, the folder's model with plain layers."""
+    keys = sorted(set(re.findall(r"^([\w./]+\.scan_layers)\s*=\s*True\s*$", config, re.MULTILINE)))
+    config += "\n# Layers unscanned: each holds its own parameters.\n" + "".join(f"{key} = False\n" for key in keys)
+    with tempfile.TemporaryDirectory() as scratch:
+        with open(ModelDir(scratch).config_path, "w") as f:
+            f.write(config)
+        built, _ = gin_files.read_model_config(ModelDir(scratch))
+    if built != unscanned:
+        raise ValueError(f"{folder.config_path} scans the model's layers, but not by a line 'SomeConfig.scan_layers = "
+                         "True' that can be bound False after it; write that binding into its config.gin")
+    return config
 
 
 def refuse_target(target: str, what: str, command: str, overwrite: bool) -> None:

@@ -1,6 +1,8 @@
 """Attention-head pruning (Michel et al., 2019): head masks against a float64 NumPy attention and the unmasked
-model, importance against finite differences of a NumPy loss, the greedy choice against a sort, the physically
-pruned model against the masked one (T5, BERT, GPT-2, BART), sharded importance against one device, refusals."""
+model, importance against finite differences of a NumPy loss (at ξ = 1 and with a head masked), the greedy choice
+against a sort, pruning in rounds against importance recomputed at each round's masks and a hand sort, a scanned
+model against its unscanned twin, the physically pruned model against the masked one (T5, BERT, GPT-2, BART),
+sharded importance against one device, refusals."""
 
 import dataclasses
 
@@ -11,11 +13,12 @@ import numpy as np
 import pytest
 
 from ptmjax import partitioning
-from ptmjax.compress.head_importance import head_importance, least_important, normalised
+from ptmjax.compress.head_importance import head_importance, iterative_pruning, least_important, lowest, normalised
 from ptmjax.compress.head_masks import head_masked, masks_of, with_masks
 from ptmjax.compress.head_pruning import head_pruned, prune_params, zeroed_params
 from ptmjax.families.model_api import model_api
 from ptmjax.families.token_loss import LossConfig
+from ptmjax.layers import layer_stack
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.models import GPT2, Bart, BartConfig, Bert, BertConfig, EncoderDecoder, GPT2Config, T5Config
 
@@ -106,9 +109,12 @@ def test_masked_heads_equal_a_float64_numpy_attention():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_importance_equals_finite_differences_of_a_numpy_loss():
+@pytest.mark.parametrize("masks", [{}, {"decoder/layers_0/self_attention": np.array([0.0, 1.0], np.float32)}],
+                         ids=["ones", "a head masked"])
+def test_importance_equals_finite_differences_of_a_numpy_loss(masks):
     """|dL/dξ| averaged over two batches against central differences (ε = 1e-2) of the mean token cross-entropy,
-    computed in float64 from the masked model's logits."""
+    computed in float64 from the masked model's logits, at ξ = 1 and with a head masked (ξ = 0) as a later round
+    of iterative pruning scores."""
     model = EncoderDecoder(dataclasses.replace(T5, num_encoder_layers=1, num_heads=2))
     params = float_params(model)
     batches = []
@@ -117,7 +123,7 @@ def test_importance_equals_finite_differences_of_a_numpy_loss():
         weights = (np.random.default_rng(seed).random(rows["decoder_input_tokens"].shape) < 0.8).astype(np.int32)
         batches.append({**rows, "decoder_target_tokens": inputs("t5", seed + 10)["decoder_input_tokens"],
                         "decoder_loss_weights": weights})
-    got = head_importance(model, params, batches, LossConfig(z_loss=0.0))
+    got = head_importance(model, params, batches, LossConfig(z_loss=0.0), masks)
 
     masked = head_masked(model)
     masked_logits = jax.jit(lambda m, batch: masked.apply(
@@ -134,9 +140,10 @@ def test_importance_equals_finite_differences_of_a_numpy_loss():
     eps = 1e-2
     for path, scores in got.items():
         want = []
+        at = masks.get(path, np.ones(2, np.float32))
         for head in range(2):
-            step = {path: np.ones(2, np.float32) + eps * np.eye(2, dtype=np.float32)[head]}
-            back = {path: np.ones(2, np.float32) - eps * np.eye(2, dtype=np.float32)[head]}
+            step = {**masks, path: at + eps * np.eye(2, dtype=np.float32)[head]}
+            back = {**masks, path: at - eps * np.eye(2, dtype=np.float32)[head]}
             want.append(np.mean([abs(loss(step, batch) - loss(back, batch)) / (2 * eps) for batch in batches]))
         np.testing.assert_allclose(scores, want, rtol=2e-3, atol=2e-5, err_msg=path)
 
@@ -152,6 +159,73 @@ def test_least_important_prunes_the_lowest_normalised_scores_and_keeps_one_head_
     # c's last head is skipped for the next lowest: b's
     assert least_important(scores, 5 / 9) == {"a": (2,), "b": (0, 1), "c": (0, 1)}
     assert least_important(scores, 0.0) == {}
+    # heads pruned in an earlier round: NaN, out of their attention's norm and of the choice
+    earlier = {"a": (2,), "c": (0, 1)}
+    again = normalised(raw, earlier)
+    np.testing.assert_allclose(again["a"], [0.6, 0.8, np.nan])
+    np.testing.assert_allclose(again["c"], [np.nan, np.nan, 1.0])
+    # left: b* .577 (b0, b1; b2 is b's last), a0 .6, a1 .8, c2 1.0 (c's last)
+    assert lowest(again, 6, earlier) == {"a": (0, 2), "b": (0, 1), "c": (0, 1)}
+
+
+def gpt2_batches():
+    rows = inputs("gpt2", 1)
+    return [{**rows, "decoder_target_tokens": inputs("gpt2", 2)["decoder_input_tokens"],
+             "decoder_loss_weights": np.ones_like(rows["decoder_input_tokens"])}]
+
+
+def test_one_round_is_the_one_shot_choice_bit_for_bit():
+    model, batches = MODELS["gpt2"], gpt2_batches()
+    params = float_params(model)
+    importance = head_importance(model, params, batches)
+    pruned, (only,) = iterative_pruning(model, params, batches, 0.5)
+    assert pruned == only.pruned == least_important(normalised(importance), 0.5)
+    for path, scores in importance.items():
+        np.testing.assert_array_equal(only.importance[path], scores)
+        np.testing.assert_array_equal(only.scores[path], normalised(importance)[path])
+
+
+def test_each_round_scores_the_model_with_the_heads_pruned_so_far_masked():
+    """GPT-2, 2 x 4 heads, half pruned in two rounds: round 2's importance is `head_importance` at zero masks on
+    round 1's heads, and its choice the two lowest of the heads left, normalised over those left (a hand sort);
+    here that choice differs from one shot's."""
+    model, batches = MODELS["gpt2"], gpt2_batches()
+    params = float_params(model)
+    pruned, (first, second) = iterative_pruning(model, params, batches, 0.5, rounds=2)
+    full = head_importance(model, params, batches)
+    for path, scores in full.items():
+        np.testing.assert_array_equal(first.importance[path], scores)
+    assert first.pruned == least_important(normalised(full), 0.25)
+    masked = head_importance(model, params, batches, masks=zero_one_masks(first.pruned))
+    left = []
+    for path, scores in masked.items():
+        np.testing.assert_allclose(second.importance[path], scores, rtol=1e-6, atol=1e-9, err_msg=path)
+        heads = [h for h in range(4) if h not in first.pruned.get(path, ())]
+        norm = np.linalg.norm(scores[heads].astype(np.float64))
+        left += [(scores[h] / norm, path, h) for h in heads]
+        assert np.isnan(second.scores[path]).sum() == 4 - len(heads)
+    chosen = {}
+    for _, path, head in sorted(left)[:2]:
+        chosen[path] = tuple(sorted((*chosen.get(path, ()), head)))
+    assert second.pruned == chosen
+    assert pruned == {path: tuple(sorted(first.pruned.get(path, ()) + chosen.get(path, ())))
+                      for path in full if path in first.pruned or path in chosen}
+    one_shot = least_important(normalised(full), 0.5)
+    print("one shot", one_shot, "in two rounds", pruned)
+    assert pruned != one_shot
+
+
+def test_a_scanned_model_is_scored_and_pruned_as_its_unscanned_twin():
+    plain, batches = MODELS["gpt2"], gpt2_batches()
+    scanned = GPT2(dataclasses.replace(GPT, scan_layers=True))
+    params = float_params(plain)
+    got, got_rounds = iterative_pruning(scanned, layer_stack.scan(params, scanned.config), batches, 0.5, rounds=2)
+    want, want_rounds = iterative_pruning(plain, params, batches, 0.5, rounds=2)
+    assert got == want
+    for got_round, want_round in zip(got_rounds, want_rounds, strict=True):
+        assert got_round.pruned == want_round.pruned
+        for path, scores in want_round.importance.items():
+            np.testing.assert_allclose(got_round.importance[path], scores, rtol=1e-6, atol=1e-9, err_msg=path)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -211,6 +285,9 @@ def init(model):
     (lambda: with_masks(head_masked(MODELS["bert"]), float_params(MODELS["bert"]), {"layers_0/attention": np.ones(3)}),
      "has shape (3,); that attention has 4 heads"),
     (lambda: prune_params(float_params(MODELS["bert"]), {"layers_0/attention": (4,)}), "has head 4"),
+    (lambda: iterative_pruning(MODELS["gpt2"], {}, [], 0.5, rounds=0), "rounds=0 must be an integer >= 1"),
+    (lambda: iterative_pruning(MODELS["gpt2"], float_params(MODELS["gpt2"]), gpt2_batches(), 0.25, rounds=3),
+     "rounds=3 with fraction=0.25, which prunes 2 heads: give at most 2 rounds"),
 ])
 def test_bad_values_are_refused_in_one_line(call, message):
     with pytest.raises(ValueError) as error:
