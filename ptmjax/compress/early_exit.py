@@ -84,9 +84,7 @@ def early_exit(model: nn.Module) -> nn.Module:
 def check_exit_base(model: nn.Module) -> None:
     """Raise in one line unless `model` is an encoder-family sequence classifier (two or more labels) with plain
     layers (not scanned, not rematerialised)."""
-    family = family_of(model) if isinstance(model, nn.Module) else None
-    classifier = family is not None and family.task_head == "SequenceClassification"
-    if not classifier or family.kind is not Kind.ENCODER or family.head_predictions is not class_ids:
+    if not is_encoder_classifier(model):
         raise ValueError(
             f"early exit needs a sequence classifier of the encoder family (BERT, RoBERTa, ALBERT, ELECTRA) with "
             f"num_labels >= 2, got {type(model).__name__}; e.g. early_exit.model = @EncoderForSequenceClassification()"
@@ -98,6 +96,14 @@ def check_exit_base(model: nn.Module) -> None:
     if model.config.remat_policy != "none":
         raise ValueError(f"early exit reads every layer's output, which remat_policy={model.config.remat_policy!r} "
                          f"recomputes out of its reach; set {config}.remat_policy = 'none'.")
+
+
+def is_encoder_classifier(model: Any) -> bool:
+    """Whether `model` is a sequence classifier of the encoder family (BERT, RoBERTa, ALBERT, ELECTRA) predicting
+    class ids (num_labels >= 2): the models early exit and PoWER-BERT (token_dropping.py) serve."""
+    family = family_of(model) if isinstance(model, nn.Module) else None
+    return (family is not None and family.task_head == "SequenceClassification" and family.kind is Kind.ENCODER
+            and family.head_predictions is class_ids)
 
 
 def has_exits(model: nn.Module) -> bool:

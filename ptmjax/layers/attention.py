@@ -170,7 +170,7 @@ class MultiHeadAttention(nn.Module):
             bias = mask.dense_bias(self.dtype)
             if bias is not None:
                 logits = logits + jnp.asarray(bias, logits.dtype)
-            weights = softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+            weights = self.probabilities(softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype))
             self.sow("intermediates", "attention_weights", weights)
             self.sow("intermediates", "values", value)  # MiniLM's value relation (compress/distillation.py)
             weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not enable_dropout)
@@ -196,6 +196,11 @@ class MultiHeadAttention(nn.Module):
         As given; prefix tuning (ptmjax.adapt.prefix_tuning) intercepts this call to prepend its keys and values.
         """
         return key, value, mask
+
+    def probabilities(self, weights: Array) -> Array:
+        """The 'einsum' path's attention probabilities [b, h, q, k], as computed; PoWER-BERT's token extraction
+        (ptmjax/compress/token_dropping.py) intercepts this call to read them."""
+        return weights
 
     def _fused_context(self, query: Array, key: Array, value: Array, mask: AttentionMask) -> Array:
         """query [b, q, h, d], head-major key and value [b, h, k, d] -> context [b, q, h, d]

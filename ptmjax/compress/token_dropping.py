@@ -1,0 +1,194 @@
+"""PoWER-BERT (Goyal et al., 2020): length-adaptive inference that drops the least attended tokens between layers.
+
+`power_bert(model, retention)` returns a sequence classifier of the encoder family (BERT, RoBERTa, ALBERT,
+ELECTRA) whose layer j keeps only l_j = retention[j] positions: between the layer's self-attention (and its
+residual LayerNorm) and its feed-forward block, where the paper puts its extract layer, each position's
+significance is the attention it receives, summed over heads and over the real query positions
+(`significance`), and the l_j most significant stay, gathered in their positional order (`kept_positions`).
+The first position ([CLS], which the head reads) is always kept; padding scores zero and goes before any
+real token. The shapes shrink, so layer j's feed-forward and every later layer compute l_j positions, not
+the input's s: fewer FLOPs, the point of the method. `retention` has one entry per layer applied (an ALBERT
+shared layer counts once per use), non-increasing: token counts, or fractions of the input length (l_j =
+ceil(fraction * s)). A count above the input's length is an error, so counts suit fixed-length inputs (the
+trainer's, `ptmjax eval`'s) and fractions any length.
+
+Training goes through the hard extraction (the paper's third step: fine-tuning with the retention fixed);
+no gradient flows through the choice of positions. The model adds no parameters and keeps its class's
+family record and parameter paths, so a fine-tuned classifier's checkpoint restores into it, and `ptmjax
+eval`, the head evaluator and `ptmjax.load` read it as the classifier it is. Made the way
+ptmjax/compress/early_exit.py makes its models: a subclass of the model's own class (one per base) whose
+`encode` runs the layers one by one, reading each layer's probabilities through
+`MultiHeadAttention.probabilities` and gathering the positions at its `attention_layer_norm`, by
+interception. The configuration search of the paper (soft extraction with learned retention parameters)
+is not here. Scanned and rematerialised layers, LayerDrop and fused attention kernels are refused.
+`token_dropping_evaluation` reports the score against the tokens kept and the speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from ptmjax.compress.early_exit import is_encoder_classifier
+from ptmjax.layers import layer_stack
+from ptmjax.layers.common import HIDDEN_AXES
+from ptmjax.layers.positions import check_length
+from ptmjax.models.encoder import PostLNLayer
+
+Array = jax.Array
+Retention = tuple[int, ...] | tuple[float, ...]
+
+
+def power_bert(model: nn.Module, retention: Sequence[int | float]) -> nn.Module:
+    """`model` (an encoder-family sequence classifier) keeping retention[j] positions after layer j's attention."""
+    check_dropping_base(model)
+    retention = check_retention(retention, model.config.num_layers)
+    return _dropping_class(type(model))(**base_fields(model), retention=retention)
+
+
+def base_fields(model: nn.Module) -> dict[str, Any]:
+    """The fields of the classifier `model` is (a `power_bert` model's without its retention)."""
+    names = [f.name for f in dataclasses.fields(model) if f.init and f.name not in ("parent", "name", "retention")]
+    return {name: getattr(model, name) for name in names}
+
+
+def plain_classifier(model: nn.Module) -> nn.Module:
+    """The classifier a `power_bert` model transforms (any other model as it is)."""
+    if not is_token_dropping(model):
+        return model
+    return type(model).__mro__[1](**base_fields(model))
+
+
+def is_token_dropping(model: nn.Module) -> bool:
+    """Whether `model` is a `power_bert` model."""
+    return getattr(model, "retention", None) is not None and hasattr(model, "retained_counts")
+
+
+def check_dropping_base(model: nn.Module) -> None:
+    """Raise in one line unless `model` is an encoder-family sequence classifier with plain einsum layers."""
+    if not is_encoder_classifier(model):
+        raise ValueError(
+            f"PoWER-BERT needs a sequence classifier of the encoder family (BERT, RoBERTa, ALBERT, ELECTRA) with "
+            f"num_labels >= 2, got {type(model).__name__}; e.g. power_bert.model = @EncoderForSequenceClassification()"
+        )
+    if is_token_dropping(model):
+        raise ValueError(f"{type(model).__name__} already drops tokens; apply power_bert to the classifier once.")
+    c, config = model.config, type(model.config).__name__
+    refusals = [
+        (layer_stack.scanning_config(model) is not None, f"{config}.scan_layers = False"),
+        (c.remat_policy != "none", f"{config}.remat_policy = 'none' (got {c.remat_policy!r})"),
+        (c.layerdrop != 0, f"{config}.layerdrop = 0 (got {c.layerdrop!r})"),
+        (c.attention_kernel != "einsum", f"{config}.attention_kernel = 'einsum' (got {c.attention_kernel!r})"),
+    ]
+    for refused, fix in refusals:
+        if refused:
+            raise ValueError(f"PoWER-BERT runs each layer itself and reads its attention probabilities; set {fix}.")
+
+
+def check_retention(retention: Sequence[int | float], depth: int) -> Retention:
+    """`retention` as a tuple, after checking it: `depth` entries, all counts >= 1 or all fractions in (0, 1],
+    non-increasing."""
+    values = tuple(retention) if isinstance(retention, (list, tuple)) else ()
+    counts = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)
+    fractions = all(isinstance(v, float) and 0 < v <= 1 for v in values)
+    if len(values) != depth or not (counts or fractions):
+        raise ValueError(
+            f"power_bert.retention={retention!r} must list one entry per layer ({depth}): token counts >= 1 or "
+            f"fractions of the input length in (0, 1], e.g. {[1.0] * depth}."
+        )
+    increases = [j for j in range(1, depth) if values[j] > values[j - 1]]
+    if increases:
+        j = increases[0]
+        raise ValueError(
+            f"power_bert.retention={list(values)} grows at layer {j + 1} ({values[j - 1]} -> {values[j]}); a dropped "
+            "token cannot come back, so make it non-increasing."
+        )
+    return values
+
+
+def retained_counts(retention: Retention, length: int) -> tuple[int, ...]:
+    """The positions each layer keeps of an input `length` long (fractions rounded up)."""
+    counts = tuple(v if isinstance(v, int) else math.ceil(v * length) for v in retention)
+    if counts[0] > length:
+        raise ValueError(
+            f"power_bert.retention={list(retention)} keeps {counts[0]} tokens at layer 1 but the input is {length} "
+            f"long; use counts <= {length}, or fractions of the length."
+        )
+    return counts
+
+
+def significance(weights: Array, valid: Array) -> Array:
+    """The attention each position receives: weights [b, heads, q, k] summed over heads and the real queries
+    (valid bool [b, s], s = q = k), float32 [b, s], 0 at padding."""
+    received = jnp.sum(weights.astype(jnp.float32) * valid[:, None, :, None], axis=(1, 2))
+    return jnp.where(valid, received, 0.0)
+
+
+def kept_positions(score: Array, valid: Array, count: int) -> Array:
+    """int32 [b, count]: the `count` most significant positions (score [b, s]) in increasing order; the first
+    always, padding (valid False) after every real token, ties to the earlier position."""
+    rank = jnp.where(valid, score, -1.0).at[:, 0].set(jnp.inf)
+    return jnp.sort(jax.lax.top_k(jax.lax.stop_gradient(rank), count)[1], axis=-1)
+
+
+@contextlib.contextmanager
+def _extracting(valid: Array, count: int) -> Iterator[list[Array]]:
+    """Within the block (one layer's call), the layer's `attention_layer_norm` output keeps the `count` positions
+    its attention's probabilities rank first; the list it gives receives the kept positions [b, count]."""
+    kept: list[Array] = []
+    probabilities: list[Array] = []
+
+    def extract(next_fun, args, kwargs, context):
+        output = next_fun(*args, **kwargs)
+        if context.method_name == "probabilities" and context.module.name == "attention":
+            probabilities.append(output)
+        elif context.method_name == "__call__" and context.module.name == "attention_layer_norm":
+            (weights,) = probabilities
+            kept.append(kept_positions(significance(weights, valid), valid, count))
+            output = jnp.take_along_axis(output, kept[0][..., None], axis=1)
+        return output
+
+    with nn.intercept_methods(extract):
+        yield kept
+
+
+@functools.cache
+def _dropping_class(base: type[nn.Module]) -> type[nn.Module]:
+    """`base` with PoWER-BERT's extraction in every layer (one class per base, so equal models compare equal)."""
+
+    class TokenDropping(base):
+        retention: Retention | None = None
+
+        def retained_counts(self, length: int) -> tuple[int, ...]:
+            """The positions each layer keeps of an input `length` long."""
+            return retained_counts(self.retention, length)
+
+        @nn.compact
+        def encode(self, input_tokens: Array, token_type_ids: Array | None = None,
+                   enable_dropout: bool = False) -> Array:
+            """input_tokens [b, s] -> the kept positions' final hidden states [b, l_L, d_model], [CLS] first."""
+            c = self.config
+            check_length(input_tokens.shape[1], c.max_sequence_length, type(self).__name__)
+            x = self.embedded(input_tokens, token_type_ids, enable_dropout)
+            layers = [PostLNLayer(c, name=f"layers_{g}") for g in range(c.layer_groups)]
+            length = input_tokens.shape[1]  # init's one-token inputs keep it: the parameters alone matter there
+            counts = (length,) * c.num_layers if self.is_initializing() else self.retained_counts(length)
+            tokens = input_tokens
+            for index, count in enumerate(counts):
+                layer, mask = layers[index * c.layer_groups // c.num_layers], self.attention_mask(tokens, x.dtype)
+                with _extracting(tokens != c.pad_token_id, count) as kept:
+                    x = layer(x, mask, enable_dropout)
+                tokens = jnp.take_along_axis(tokens, kept[0], axis=1)
+            return nn.with_logical_constraint(x, HIDDEN_AXES)
+
+    TokenDropping.__name__ = TokenDropping.__qualname__ = f"PowerBert{base.__name__}"
+    TokenDropping.__module__ = __name__
+    return TokenDropping
