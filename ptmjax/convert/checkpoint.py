@@ -94,8 +94,7 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None, overwrite: b
     model, params, notes = float_model(model, folder.read_params(api.abstract_params, step=step))
     for note in notes:  # LoRA merged, quantized kernels dequantized
         print(f"Hugging Face export of {folder.path}: {note}")
-    if api.scanning:  # Hugging Face's layout is the unscanned one
-        params, model = layer_stack.unscan(params, model.config), layer_stack.with_scan_layers(model, False)
+    model, params = layer_stack.unscanned(model, params)  # Hugging Face's layout is the unscanned one
     imported = os.path.isfile(folder.generation_path)
     trained = "mixture_or_task_name" in gin_files.read_train_bindings(folder)
     with written_whole(hf_dir) as staging:

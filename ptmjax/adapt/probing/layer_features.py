@@ -51,8 +51,7 @@ def stack_depth(module: nn.Module) -> int:
 
 def plain_model(module: nn.Module, params: Any) -> tuple[nn.Module, Any]:
     """`module` unscanned and without remat, and `params` in its (unscanned) layout."""
-    if layer_stack.scanning_config(module) is not None:
-        params, module = layer_stack.unscan(params, module.config), layer_stack.with_scan_layers(module, False)
+    module, params = layer_stack.unscanned(module, params)
     if getattr(module.config, "remat_policy", "none") != "none":
         module = module.clone(config=dataclasses.replace(module.config, remat_policy="none"))
     return module, params
