@@ -15,13 +15,15 @@ trainer's, `ptmjax eval`'s) and fractions any length.
 Training goes through the hard extraction (the paper's third step: fine-tuning with the retention fixed);
 no gradient flows through the choice of positions. The model adds no parameters and keeps its class's
 family record and parameter paths, so a fine-tuned classifier's checkpoint restores into it, and `ptmjax
-eval`, the head evaluator and `ptmjax.load` read it as the classifier it is. Made the way
-ptmjax/compress/early_exit.py makes its models: a subclass of the model's own class (one per base) whose
-`encode` runs the layers one by one, reading each layer's probabilities through
-`MultiHeadAttention.probabilities` and gathering the positions at its `attention_layer_norm`, by
+eval`, the head evaluator and the trainer read it as the classifier it is: its `__call__` gives the head's
+logits on [CLS] after the extraction (`encode_kept` the kept positions' states), while `encode` stays the
+plain encoder's, every position, for what reads states per position (`ptmjax.load`'s hidden states and
+embeddings, probing). Made the way ptmjax/compress/early_exit.py makes its models: a subclass of the
+model's own class (one per base) that runs its layers one by one, reading each layer's probabilities
+through `MultiHeadAttention.probabilities` and gathering the positions at its `attention_layer_norm`, by
 interception. The configuration search of the paper (soft extraction with learned retention parameters)
 is not here. Scanned and rematerialised layers, LayerDrop and fused attention kernels are refused.
-`token_dropping_evaluation` reports the score against the tokens kept and the speed.
+`token_dropping_evaluation` reports the score against the tokens kept, the FLOPs and the speed.
 """
 
 from __future__ import annotations
@@ -167,24 +169,44 @@ def _dropping_class(base: type[nn.Module]) -> type[nn.Module]:
     class TokenDropping(base):
         retention: Retention | None = None
 
+        def setup(self) -> None:
+            base.setup(self)
+            self.layers = [PostLNLayer(self.config) for _ in range(self.config.layer_groups)]  # layers_{g}
+
+        def __call__(self, input_tokens: Array, token_type_ids: Array | None = None,
+                     enable_dropout: bool = False) -> Array:
+            """float32 logits [b, num_labels] of the head on [CLS] after the layers dropped tokens."""
+            return self.classify(self.encode_kept(input_tokens, token_type_ids, enable_dropout), enable_dropout)
+
         def retained_counts(self, length: int) -> tuple[int, ...]:
             """The positions each layer keeps of an input `length` long."""
             return retained_counts(self.retention, length)
 
-        @nn.compact
         def encode(self, input_tokens: Array, token_type_ids: Array | None = None,
                    enable_dropout: bool = False) -> Array:
-            """input_tokens [b, s] -> the kept positions' final hidden states [b, l_L, d_model], [CLS] first."""
+            """The plain classifier's final hidden states [b, s, d_model], every position (probing, `ptmjax.load`)."""
+            return self._encoded(input_tokens, token_type_ids, enable_dropout, None)
+
+        def encode_kept(self, input_tokens: Array, token_type_ids: Array | None = None,
+                        enable_dropout: bool = False) -> Array:
+            """The kept positions' final hidden states [b, l_L, d_model], in positional order, [CLS] first."""
+            length = input_tokens.shape[1]  # init's one-token inputs keep it: the parameters alone matter there
+            counts = None if self.is_initializing() else self.retained_counts(length)
+            return self._encoded(input_tokens, token_type_ids, enable_dropout, counts)
+
+        def _encoded(self, input_tokens: Array, token_type_ids: Array | None, enable_dropout: bool,
+                     counts: tuple[int, ...] | None) -> Array:
+            """The layers applied one by one, layer j keeping counts[j] positions (None: all)."""
             c = self.config
             check_length(input_tokens.shape[1], c.max_sequence_length, type(self).__name__)
             x = self.embedded(input_tokens, token_type_ids, enable_dropout)
-            layers = [PostLNLayer(c, name=f"layers_{g}") for g in range(c.layer_groups)]
-            length = input_tokens.shape[1]  # init's one-token inputs keep it: the parameters alone matter there
-            counts = (length,) * c.num_layers if self.is_initializing() else self.retained_counts(length)
             tokens = input_tokens
-            for index, count in enumerate(counts):
-                layer, mask = layers[index * c.layer_groups // c.num_layers], self.attention_mask(tokens, x.dtype)
-                with _extracting(tokens != c.pad_token_id, count) as kept:
+            for index in range(c.num_layers):
+                layer, mask = self.layers[index * c.layer_groups // c.num_layers], self.attention_mask(tokens, x.dtype)
+                if counts is None:
+                    x = layer(x, mask, enable_dropout)
+                    continue
+                with _extracting(tokens != c.pad_token_id, counts[index]) as kept:
                     x = layer(x, mask, enable_dropout)
                 tokens = jnp.take_along_axis(tokens, kept[0], axis=1)
             return nn.with_logical_constraint(x, HIDDEN_AXES)

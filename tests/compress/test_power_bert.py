@@ -45,6 +45,9 @@ def test_full_retention_is_the_plain_classifier_exactly(name):
         assert jax.tree.structure(params) == jax.tree.structure(init(base))
         ids = tokens(pad)
         np.testing.assert_array_equal(model.apply({"params": params}, ids), base.apply({"params": params}, ids))
+        for method in ("encode", "encode_kept"):  # `encode`, every position, at any retention (probing, ptmjax.load)
+            np.testing.assert_array_equal(model.apply({"params": params}, ids, method=method),
+                                          base.apply({"params": params}, ids, method="encode"))
         batch = {"input_tokens": ids, "label": np.arange(8) % LABELS, "example_weight": np.ones(8, np.float32)}
         for got, want in zip(model_api(model).loss(params, batch, LossConfig()),
                              model_api(base).loss(params, batch, LossConfig()), strict=True):
@@ -102,7 +105,9 @@ def test_dropped_tokens_equal_masked_keys_in_a_float64_numpy_encoder(name, reten
     counts = model.retained_counts(LENGTH)
     assert counts == (DROPPING if retention == DROPPING else {0.1: (7, 5, 1), 2: (9, 9, 2)}[retention[-1]])
     expected, alive = numpy_encoder(config, weights, x64, valid, counts)
-    hidden = np.asarray(model.apply({"params": params}, ids, method="encode"))
+    np.testing.assert_array_equal(model.apply({"params": params}, ids, method="encode"),
+                                  base.apply({"params": params}, ids, method="encode"))
+    hidden = np.asarray(model.apply({"params": params}, ids, method="encode_kept"))
     assert hidden.shape == (8, counts[-1], config.d_model)
     for row in range(8):
         kept = np.flatnonzero(alive[row])
