@@ -214,20 +214,26 @@ def test_the_chunked_soft_loss_equals_the_plain_one(tmp_path):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), chunked_params, plain_params)
 
 
-def test_sharded_distillation_equals_one_device(tmp_path):
-    teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
-    objective = Distillation(teacher_dir, teacher=EncoderDecoder(TEACHER), hidden_weight=0.5, attention_weight=0.5)
+def check_two_sharded_steps_equal_one_device(student, objective, metric="loss"):
+    """Two steps of `student` distilled by `objective` on (data=2, fsdp=2, tensor=2) equal them on one device:
+    `metric` and the parameters."""
     runs = []
     for mesh_config, devices in ((partitioning.MeshConfig(data=1), jax.devices()[:1]),
                                  (partitioning.MeshConfig(data=2, fsdp=2, tensor=2), None)):
-        trainer, spec = trainer_of(EncoderDecoder(STUDENT), objective, mesh_config, devices=devices)
+        trainer, spec = trainer_of(student, objective, mesh_config, devices=devices)
         state = trainer.init_state(jax.random.key(1))
         for seed in range(2):
             state, metrics = trainer.train_step(state, t5_batch(spec, trainer, seed)[1], jax.random.key(seed))
-        runs.append((jax.device_get(state.params), float(metrics["loss"])))
-    (one_params, one_loss), (sharded_params, sharded_loss) = runs
-    np.testing.assert_allclose(sharded_loss, one_loss, rtol=2e-6)
+        runs.append((jax.device_get(state.params), float(metrics[metric])))
+    (one_params, one_value), (sharded_params, sharded_value) = runs
+    np.testing.assert_allclose(sharded_value, one_value, rtol=2e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), sharded_params, one_params)
+
+
+def test_sharded_distillation_equals_one_device(tmp_path):
+    teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
+    objective = Distillation(teacher_dir, teacher=EncoderDecoder(TEACHER), hidden_weight=0.5, attention_weight=0.5)
+    check_two_sharded_steps_equal_one_device(EncoderDecoder(STUDENT), objective)
 
 
 def test_an_encoder_student_distils_its_masked_positions_and_layers(tmp_path):

@@ -10,10 +10,16 @@ import jax
 import numpy as np
 import optax
 import pytest
-from compress.test_distillation import TEACHER, sown, t5_batch, teacher_folder, trainer_of
+from compress.test_distillation import (
+    TEACHER,
+    check_two_sharded_steps_equal_one_device,
+    sown,
+    t5_batch,
+    teacher_folder,
+    trainer_of,
+)
 from flax import linen as nn
 
-from ptmjax import partitioning
 from ptmjax.compress.distillation import Distillation
 from ptmjax.compress.distillation_weights import STEP
 from ptmjax.compress.float_model import float_model
@@ -159,14 +165,4 @@ def test_a_sharded_projected_student_with_a_scheduled_weight_equals_one_device(t
     teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
     objective = Distillation(teacher_dir, teacher=EncoderDecoder(TEACHER), hidden_loss="mse", attention_weight=0.5,
                              hidden_weight=optax.linear_schedule(1.0, 0.5, transition_steps=2))
-    runs = []
-    for mesh_config, devices in ((partitioning.MeshConfig(data=1), jax.devices()[:1]),
-                                 (partitioning.MeshConfig(data=2, fsdp=2, tensor=2), None)):
-        trainer, spec = trainer_of(narrow_student(), objective, mesh_config, devices=devices)
-        state = trainer.init_state(jax.random.key(1))
-        for seed in range(2):
-            state, metrics = trainer.train_step(state, t5_batch(spec, trainer, seed)[1], jax.random.key(seed))
-        runs.append((jax.device_get(state.params), float(metrics["distill_hidden"])))
-    (one_params, one_hidden), (sharded_params, sharded_hidden) = runs
-    np.testing.assert_allclose(sharded_hidden, one_hidden, rtol=2e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), sharded_params, one_params)
+    check_two_sharded_steps_equal_one_device(narrow_student(), objective, "distill_hidden")
