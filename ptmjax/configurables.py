@@ -16,6 +16,7 @@ from ptmjax.compress.head_pruning import head_pruned
 from ptmjax.compress.hidden_projection import hidden_projection
 from ptmjax.compress.magnitude_pruning import MagnitudePruning
 from ptmjax.compress.quantization import quantized
+from ptmjax.compress.retention_search import RetentionSearch, retention_search
 from ptmjax.compress.token_dropping import power_bert
 from ptmjax.data import language_tags  # noqa: F401
 from ptmjax.families import token_loss  # noqa: F401
@@ -58,6 +59,8 @@ gin.external_configurable(fake_quantized, module="ptmjax.compress")
 gin.external_configurable(early_exit, module="ptmjax.compress")
 gin.external_configurable(ExitLoss, module="ptmjax.compress")
 gin.external_configurable(power_bert, module="ptmjax.compress")
+gin.external_configurable(retention_search, module="ptmjax.compress")
+gin.external_configurable(RetentionSearch, module="ptmjax.compress")
 gin.external_configurable(adapters.adapters, module="ptmjax.adapt")
 gin.external_configurable(prompt_tuning.prompt_tuning, module="ptmjax.adapt")
 gin.external_configurable(p_tuning.p_tuning, module="ptmjax.adapt")

@@ -21,9 +21,9 @@ plain encoder's, every position, for what reads states per position (`ptmjax.loa
 embeddings, probing). Made the way ptmjax/compress/early_exit.py makes its models: a subclass of the
 model's own class (one per base) that runs its layers one by one, reading each layer's probabilities
 through `MultiHeadAttention.probabilities` and gathering the positions at its `attention_layer_norm`, by
-interception. The configuration search of the paper (soft extraction with learned retention parameters)
-is not here. Scanned and rematerialised layers, LayerDrop and fused attention kernels are refused.
-`token_dropping_evaluation` reports the score against the tokens kept, the FLOPs and the speed.
+interception (`extraction`). The paper's configuration search, which learns the retention, is
+ptmjax/compress/retention_search.py. Scanned and rematerialised layers, LayerDrop and fused attention kernels
+are refused. `token_dropping_evaluation` reports the score against the tokens kept, the FLOPs and the speed.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -142,24 +142,27 @@ def kept_positions(score: Array, valid: Array, count: int) -> Array:
 
 
 @contextlib.contextmanager
-def _extracting(valid: Array, count: int) -> Iterator[list[Array]]:
-    """Within the block (one layer's call), the layer's `attention_layer_norm` output keeps the `count` positions
-    its attention's probabilities rank first; the list it gives receives the kept positions [b, count]."""
-    kept: list[Array] = []
+def extraction(valid: Array, extract: Callable[[Array, Array], Array]) -> Iterator[None]:
+    """Within the block (one layer's call), the layer's `attention_layer_norm` output [b, s, d] is replaced by
+    extract(output, the significance [b, s] of its attention's probabilities): where PoWER-BERT extracts."""
     probabilities: list[Array] = []
 
-    def extract(next_fun, args, kwargs, context):
+    def intercept(next_fun, args, kwargs, context):
         output = next_fun(*args, **kwargs)
         if context.method_name == "probabilities" and context.module.name == "attention":
             probabilities.append(output)
         elif context.method_name == "__call__" and context.module.name == "attention_layer_norm":
             (weights,) = probabilities
-            kept.append(kept_positions(significance(weights, valid), valid, count))
-            output = jnp.take_along_axis(output, kept[0][..., None], axis=1)
+            output = extract(output, significance(weights, valid))
         return output
 
-    with nn.intercept_methods(extract):
-        yield kept
+    with nn.intercept_methods(intercept):
+        yield
+
+
+def layer_of(model: nn.Module, index: int) -> nn.Module:
+    """The layer `model` applies `index`-th (an ALBERT shared layer once per use)."""
+    return model.layers[index * model.config.layer_groups // model.config.num_layers]
 
 
 @functools.cache
@@ -202,11 +205,17 @@ def _dropping_class(base: type[nn.Module]) -> type[nn.Module]:
             x = self.embedded(input_tokens, token_type_ids, enable_dropout)
             tokens = input_tokens
             for index in range(c.num_layers):
-                layer, mask = self.layers[index * c.layer_groups // c.num_layers], self.attention_mask(tokens, x.dtype)
+                layer, mask = layer_of(self, index), self.attention_mask(tokens, x.dtype)
                 if counts is None:
                     x = layer(x, mask, enable_dropout)
                     continue
-                with _extracting(tokens != c.pad_token_id, counts[index]) as kept:
+                valid, kept = tokens != c.pad_token_id, []
+
+                def extract(output: Array, score: Array, valid=valid, count=counts[index], kept=kept) -> Array:
+                    kept.append(kept_positions(score, valid, count))
+                    return jnp.take_along_axis(output, kept[0][..., None], axis=1)
+
+                with extraction(valid, extract):
                     x = layer(x, mask, enable_dropout)
                 tokens = jnp.take_along_axis(tokens, kept[0], axis=1)
             return nn.with_logical_constraint(x, HIDDEN_AXES)

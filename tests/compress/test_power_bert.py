@@ -65,10 +65,12 @@ def activation(name, x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def numpy_encoder(config, params, x, valid, counts):
+def numpy_encoder(config, params, x, valid, counts, soft=None):
     """float64 NumPy, full size: after layer j's attention the `counts[j]` alive positions with the most
     attention from the alive real queries stay alive ([CLS] first, padding last, ties to the earlier); a dead
-    position is masked out as a key from the next layer on. -> (final states [b, s, d], alive [b, s])."""
+    position is masked out as a key from the next layer on. With `soft` (one [s] array r_j per layer: the
+    configuration search), none dies: the position ranked k is multiplied by clip(r_j[k], 0, 1) instead.
+    -> (final states [b, s, d], alive [b, s])."""
     alive = np.ones_like(valid)
     for j, count in enumerate(counts):
         w = params[f"layers_{j * config.layer_groups // config.num_layers}"]
@@ -83,9 +85,12 @@ def numpy_encoder(config, params, x, valid, counts):
         score = (p * (alive & valid)[:, None, :, None]).sum((1, 2))
         rank = np.where(alive, np.where(valid, score, -1.0), -np.inf)
         rank[:, 0] = np.inf
-        chosen = np.argsort(-rank, axis=-1, kind="stable")[:, :count]
-        alive = np.zeros_like(alive)
-        np.put_along_axis(alive, chosen, True, axis=-1)
+        order = np.argsort(-rank, axis=-1, kind="stable")
+        if soft is None:
+            alive = np.zeros_like(alive)
+            np.put_along_axis(alive, order[:, :count], True, axis=-1)
+        else:
+            x = x * np.clip(soft[j], 0, 1)[np.argsort(order, axis=-1)][..., None]
         m = w["mlp"]
         h = activation(config.activation, x @ m["wi"]["kernel"] + m["wi"]["bias"]) @ m["wo"]["kernel"] + m["wo"]["bias"]
         x = layer_norm(x + h, w["mlp_layer_norm"], config.layer_norm_epsilon)
