@@ -10,9 +10,10 @@ instead: under an Adam-type optimizer r moves `rate` times as far per step as a 
 learning rate would. `RetentionSearch(penalty)` is the objective that trains it
 with the classifier's weights: the family's loss plus penalty * sum_j j * mass_j, once per batch, where
 mass_j = sum of r_j over the input's positions (the paper's lambda * sum_j j * mass(j; r): later layers pay
-more). `searched_retention(model_dir, length)` reads the retention the search found, l_j = ceil(mass_j), made
-non-increasing, for `power_bert.retention`; fine-tuning that model from the search's folder (its
-`soft_retention` is left out as a parameter the model lacks) is the method's third step.
+more). `retention_of` reads the retention the search found, l_j = ceil(mass_j) made non-increasing, for
+`power_bert.retention` (`token_dropping_evaluation.searched_retention(model_dir, length)` of a run's folder);
+fine-tuning that model from the search's folder (its `soft_retention` is left out as a parameter the model
+lacks) is the method's third step.
 
 Why clipping in the forward pass rather than after each update, as the paper's code does: the trainer has no
 per-parameter projection, and a weight the penalty pushes below 0 gets no further gradient, so it stays
@@ -31,15 +32,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax import gin_files
 from ptmjax.compress.token_dropping import base_fields, check_dropping_base, extraction, layer_of
 from ptmjax.families.losses import Stats
-from ptmjax.families.model_api import Batch, ModelApi, model_api
+from ptmjax.families.model_api import Batch, ModelApi
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.layers.common import HIDDEN_AXES, dtype_kwargs
 from ptmjax.layers.positions import check_length
 from ptmjax.models.encoder import PostLNLayer
-from ptmjax.storage.model_dir import ModelDir
 
 Array = jax.Array
 SOFT_RETENTION = "soft_retention"
@@ -112,18 +111,6 @@ def retention_of(weights: Any, rate: float, length: int) -> tuple[int, ...]:
         last = min(last, max(1, math.ceil(mass - 1e-6)))
         counts.append(last)
     return tuple(counts)
-
-
-def searched_retention(model_dir: str, length: int, step: int | None = None) -> tuple[int, ...]:
-    """The retention a `retention_search` run found (its checkpoint `step`, default the newest), as token
-    counts for inputs `length` long, for `power_bert.retention`."""
-    folder = ModelDir(model_dir)
-    model, _ = gin_files.read_model_config(folder)
-    if not is_searching(model):
-        raise ValueError(f"{folder.path} holds a {type(model).__name__}, not a retention_search model; give the "
-                         "folder of the run that searched")
-    params = folder.read_params(model_api(model).abstract_params, step=folder.checkpoint_step(step))
-    return retention_of(params[SOFT_RETENTION], model.rate, length)
 
 
 @functools.cache

@@ -13,6 +13,9 @@ full model's; and the speed-up over the full model measured on one device of thi
     evaluation = RetentionEvaluation("runs/power_bert_demo", "ptmjax_stdlib_module_classification_head")
     for retention in (None, [0.5, 0.25], [0.25, 0.125]):
         print(evaluation.report(retention))
+
+`searched_retention(model_dir, length)` reads the retention a `retention_search` run found
+(ptmjax/compress/retention_search.py), for `power_bert.retention`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 import seqio
 
 from ptmjax import gin_files, partitioning
+from ptmjax.compress.retention_search import SOFT_RETENTION, is_searching, retention_of
 from ptmjax.compress.token_dropping import check_dropping_base, plain_classifier, power_bert
 from ptmjax.data import pipeline
 from ptmjax.evaluation.head_evaluator import HeadEvaluator
@@ -122,3 +126,15 @@ class RetentionEvaluation:
                 times.append(time.perf_counter() - start)
         full, own = (statistics.median(times[1:]) for times in seconds)  # the first calls warm up
         return full / own
+
+
+def searched_retention(model_dir: str, length: int, step: int | None = None) -> tuple[int, ...]:
+    """The retention a `retention_search` run found (its checkpoint `step`, default the newest), as token
+    counts for inputs `length` long, for `power_bert.retention`."""
+    folder = ModelDir(model_dir)
+    model, _ = gin_files.read_model_config(folder)
+    if not is_searching(model):
+        raise ValueError(f"{folder.path} holds a {type(model).__name__}, not a retention_search model; give the "
+                         "folder of the run that searched")
+    params = folder.read_params(model_api(model).abstract_params, step=folder.checkpoint_step(step))
+    return retention_of(params[SOFT_RETENTION], model.rate, length)

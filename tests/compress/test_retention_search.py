@@ -116,7 +116,7 @@ def test_search_then_read_the_retention_then_fine_tune_power_bert_from_gin(tmp_p
     `searched_retention` of its folder, below the input length and non-increasing, then runs/power_bert_demo.gin
     at that retention from the search's folder (its soft retention left out)."""
     from ptmjax import cli
-    from ptmjax.compress.retention_search import searched_retention
+    from ptmjax.compress.token_dropping_evaluation import searched_retention
 
     common = ["train.batch_size = 8", "train.task_feature_lengths = {'inputs': 32}", "train.eval_every = 4",
               "train.eval_batches = 1", "train.inference_eval_tasks = []", "train.best_checkpoint_metric = None",
