@@ -14,9 +14,12 @@ TASK = "ptmjax_stdlib_module_classification_head"
 CLASSIFY_GIN = "runs/bert_classify_demo.gin"
 PRETRAIN_GIN = "runs/bert_demo.gin"
 FLOAT = "float baseline"
+FLOAT_LONGER = "float baseline, fine-tuned further (control)"
 LAYERDROP_RATE = 0.5  # LayerDrop's rate in fine-tuning: the share of layers that pruning every other layer removes
 INT4_TILE = 16  # int4's sub-channel tile: it divides d_model (64) and d_ff (256)
 HEAD_IMPORTANCE_BATCHES = (16, 16)  # (batches, examples per batch) of the train split that score the heads
+RETENTIONS = ((0.75, 0.7), (0.5, 0.5))  # PoWER-BERT: (the share of tokens layer 1 keeps, the ratio from layer to layer)
+SEARCH = (1e-5, 50.0)  # PoWER-BERT's configuration search: (RetentionSearch.penalty, retention_search.rate)
 EXIT_THRESHOLDS = (0.0, 0.25, 1.0)  # DeeBERT's entropy thresholds (nats; ln 12 = 2.48 is the most): 0 never exits early
 
 
@@ -116,6 +119,14 @@ class Row:
 
 def folder_of(runs_dir: pathlib.Path, name: str, seed: int) -> pathlib.Path:
     return runs_dir / "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_") / f"seed{seed}"
+
+
+def trained_longer(setting: Setting, runs_dir: pathlib.Path, seed: int) -> pathlib.Path:
+    """The control for the rows that fine-tune the baseline further: as many more steps, with nothing compressed."""
+    folder = runs_dir / "float_longer" / f"seed{seed}"
+    train_run(folder, [CLASSIFY_GIN], classify_bindings(setting, seed, setting.compress_steps,
+                                                         baseline(setting, runs_dir, seed)))
+    return folder
 
 
 def distilled(name: str, divisor: int, layer_terms: bool) -> Row:
@@ -254,11 +265,59 @@ def early_exit(threshold: float) -> Row:
                "run layer by layer", exits_trained, exit_threshold=threshold)
 
 
+def power_bert(first: float, ratio: float) -> Row:
+    """The baseline fine-tuned further as `@power_bert()`: layer i (from 0) keeps the ceil(first * ratio^i)
+    shares of the input positions the others attend to most (ptmjax/compress/token_dropping.py)."""
+    name = f"PoWER-BERT, {first:g} of the tokens, x{ratio:g} a layer"
+
+    def make(setting: Setting, runs_dir: pathlib.Path, seed: int) -> pathlib.Path:
+        folder = folder_of(runs_dir, name, seed)
+        retention = [round(first * ratio**layer, 6) for layer in range(setting.num_layers)]
+        train_run(folder, [CLASSIFY_GIN], [
+            *classify_bindings(setting, seed, setting.compress_steps, baseline(setting, runs_dir, seed)),
+            "train.model = @power_bert()", "power_bert.model = @EncoderForSequenceClassification()",
+            f"power_bert.retention = {retention}"])
+        return folder
+
+    return Row(name, "token dropping", f"`@power_bert()` keeping {first:g} of the positions after layer 1's attention, "
+               f"{ratio:g} times the layer before's after each next, fine-tuned further from the baseline", make)
+
+
+def power_bert_searched() -> Row:
+    """PoWER-BERT's three steps from the baseline: the configuration search (`@retention_search()` trained with
+    `RetentionSearch`), its retention read off (`searched_retention`), then `@power_bert()` at that retention
+    fine-tuned from the search's folder; each step as many steps as the other further fine-tunings."""
+    penalty, rate = SEARCH
+    name = f"PoWER-BERT, retention searched (penalty {penalty:g})"
+
+    def make(setting: Setting, runs_dir: pathlib.Path, seed: int) -> pathlib.Path:
+        from ptmjax.compress.token_dropping_evaluation import searched_retention
+
+        folder, search = folder_of(runs_dir, name, seed), folder_of(runs_dir, name, seed) / "search"
+        train_run(search, [CLASSIFY_GIN], [
+            *classify_bindings(setting, seed, setting.compress_steps, baseline(setting, runs_dir, seed)),
+            "train.model = @retention_search()", "retention_search.model = @EncoderForSequenceClassification()",
+            f"retention_search.rate = {rate}", "train.objective = @RetentionSearch()",
+            f"RetentionSearch.penalty = {penalty}"])
+        retention = list(searched_retention(str(search), setting.inputs_length))
+        train_run(folder, [CLASSIFY_GIN], [
+            *classify_bindings(setting, seed, setting.compress_steps, search),
+            "train.model = @power_bert()", "power_bert.model = @EncoderForSequenceClassification()",
+            f"power_bert.retention = {retention}"])
+        return folder
+
+    return Row(name, "token dropping", f"`@retention_search(rate={rate:g})` trained with "
+               f"`RetentionSearch({penalty:g})` from the baseline, then `@power_bert()` at the retention it found "
+               "fine-tuned from it", make)
+
+
 def rows(setting: Setting) -> list[Row]:
     """Every row, in the table's order."""
     del setting  # the same rows in every setting
     return [
         Row(FLOAT, "float", "the pre-trained backbone fine-tuned on the task", baseline),
+        Row(FLOAT_LONGER, "float", "the baseline fine-tuned further as QAT, magnitude pruning and PoWER-BERT are, "
+            "with nothing compressed (their control)", trained_longer),
         distilled("distilled to 1/2 depth: logits", 2, False),
         distilled("distilled to 1/2 depth: logits + hidden + attention", 2, True),
         distilled("distilled to 1/4 depth: logits", 4, False),
@@ -281,4 +340,6 @@ def rows(setting: Setting) -> list[Row]:
         every_other_layer("float baseline, every other layer", baseline,
                           "`ptmjax prune-layers --keep every_other` of the baseline (no LayerDrop)"),
         *(early_exit(threshold) for threshold in EXIT_THRESHOLDS),
+        *(power_bert(first, ratio) for first, ratio in RETENTIONS),
+        power_bert_searched(),
     ]

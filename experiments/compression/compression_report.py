@@ -55,6 +55,8 @@ def summary(results: dict[str, Any], float_name: str) -> dict[str, dict[str, Any
             "disk_bytes": first["disk_bytes"], "examples_per_s": row["throughput"]["examples_per_s"],
             "average_exit_layer": statistics.fmean(s["exits"]["average_exit_layer"] for s in row["seeds"])
             if row["exit_threshold"] is not None else None,
+            "token_layers": statistics.fmean(s["tokens"]["token_layers"] for s in row["seeds"])
+            if "tokens" in first else None,
         }
     return out
 
@@ -66,9 +68,9 @@ def table(results: dict[str, Any]) -> str:
     lines = [
         f"- Setting '{setting['name']}': BERT demo backbone, {setting['num_layers']} layers, pre-trained "
         f"{setting['pretrain_steps']} steps; fine-tuned {setting['finetune_steps']} steps on "
-        f"`{results['task']}` (inputs {setting['inputs_length']} tokens); QAT and magnitude pruning fine-tune "
-        f"{setting['compress_steps']} steps more; seeds {list(setting['seeds'])}, seed s of every row made from "
-        "seed s of the float baseline.",
+        f"`{results['task']}` (inputs {setting['inputs_length']} tokens); QAT, magnitude pruning and PoWER-BERT "
+        f"fine-tune {setting['compress_steps']} steps more; seeds {list(setting['seeds'])}, seed s of every row made "
+        "from seed s of the float baseline.",
         f"- Machine: {results['measured']['machine']}, shared with other jobs (1-minute load "
         f"{' -> '.join(f'{x:.1f}' for x in results['load_1min'])}); the training runs took "
         f"{results['training_wall_s'] / 60:.0f} minutes in all; the invocation that wrote this table, reusing the "
@@ -85,8 +87,10 @@ def table(results: dict[str, Any]) -> str:
         dlow, dhigh = s["vs_float_ci95"]
         seeds = ", ".join(f"{seed[results['metric']]:.3f}" for seed in row["seeds"])
         difference = "-" if s is float_row else f"{s['vs_float']:+.3f} [{dlow:+.3f}, {dhigh:+.3f}]"
-        exit_layer = s["average_exit_layer"]
+        exit_layer, token_layers = s["average_exit_layer"], s["token_layers"]
         layers = row["layers"] if exit_layer is None else f"{exit_layer:.2f} of {row['layers']}"
+        if token_layers is not None:
+            layers = f"{row['layers']} ({token_layers:.0%} of token-layers)"
         lines.append(
             f"| {row['name']} | {layers} | {s['parameters']:,} ({s['nonzero_share']:.0%}) "
             f"| {s['disk_bytes'] / 1024:,.0f} KiB ({s['disk_bytes'] / float_row['disk_bytes']:.2f}) "
@@ -99,7 +103,8 @@ def table(results: dict[str, Any]) -> str:
         "parameters alone (first seed; in brackets, of the float baseline's). Accuracy: on the whole validation "
         "split, mean over seeds with a 95% t-interval; vs float: the paired difference from the float baseline, "
         "with a 95% bootstrap interval over the validation examples (each example's correctness averaged over "
-        "seeds). Layers of an early-exit row: the average layer its examples leave at (mean over seeds), of all. "
+        "seeds). Layers of an early-exit row: the average layer its examples leave at (mean over seeds), of all; of a "
+        "PoWER-BERT row: the positions its layers compute, summed over the layers, as a share of the full model's. "
         "Examples/s: the scoring forward pass over the validation split in batches of 32 (the first seed's model; "
         "an early-exit row's layer by layer, each batch until its last example has left), the median of 3 rounds "
         "that time every row once each, after one compiling pass.",
@@ -125,7 +130,7 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
 
     groups = list(dict.fromkeys(row["group"] for row in results["rows"]))
     colors = dict(zip(groups, plt.cm.tab10(np.arange(len(groups))), strict=True))
-    markers = dict(zip(groups, "o*s^Dvp", strict=False))
+    markers = dict(zip(groups, "o*s^DvpX", strict=False))
     fig, axes = plt.subplots(1, 2, figsize=(16, 7))
     for axis, key, label in ((axes[0], "disk_bytes", "bytes on disk of the parameters (KiB)"),
                              (axes[1], "examples_per_s", "scoring throughput (examples/s, this CPU)")):

@@ -107,11 +107,30 @@ def exit_report(folder: pathlib.Path, exit_threshold: float) -> dict[str, float]
             "layers_saved": report.layers_saved}
 
 
+def token_report(folder: pathlib.Path) -> dict[str, Any] | None:
+    """A PoWER-BERT folder's `RetentionEvaluation` report at its own retention: accuracy, positions kept per layer,
+    real tokens kept on average per layer, the token-layers' share of the full model's and the FLOPs'; None for
+    another folder."""
+    from ptmjax.compress.token_dropping import is_token_dropping
+    from ptmjax.compress.token_dropping_evaluation import RetentionEvaluation
+    from ptmjax.gin_files import read_model_config
+    from ptmjax.storage.model_dir import ModelDir
+
+    model, _ = read_model_config(ModelDir(str(folder)))
+    if not is_token_dropping(model):
+        return None
+    (report,) = RetentionEvaluation(str(folder), TASK, batch_size=BATCH_SIZE).report(model.retention)
+    return {"accuracy": report.metrics["accuracy"] / 100, "tokens_kept": report.tokens_kept,
+            "real_tokens_kept": report.real_tokens_kept, "token_layers": report.token_layers,
+            "flops_ratio": report.flops_ratio}
+
+
 def measure(folder: pathlib.Path, exit_threshold: float | None) -> dict[str, Any]:
     """The folder's accuracy and every validation example's correctness, its parameter counts, and the bytes its
     parameters take on disk as a checkpoint of the parameters alone (written beside it, as `ptmjax quantize` and
     the pruning commands write theirs). The scoring pass must agree with the evaluator of `ptmjax eval` example by
-    example; an early-exit row's with ExitEvaluation's accuracy, which it reports too."""
+    example; an early-exit row's with ExitEvaluation's accuracy, a PoWER-BERT row's with RetentionEvaluation's,
+    which they report too."""
     from ptmjax.storage.model_dir import ModelDir
     from ptmjax.tools.derived_folder import checkpoint_bytes, source_config, write_derived_folder
 
@@ -125,6 +144,11 @@ def measure(folder: pathlib.Path, exit_threshold: float | None) -> dict[str, Any
             if abs(result["exits"]["accuracy"] - result["accuracy"]) > 1e-9:
                 raise RuntimeError(f"{folder}: ExitEvaluation scores {result['exits']['accuracy']}, the layer-by-layer "
                                    f"run {result['accuracy']}")
+        if (tokens := token_report(folder)) is not None:
+            result["tokens"] = tokens
+            if abs(tokens["accuracy"] - result["accuracy"]) > 1e-9:
+                raise RuntimeError(f"{folder}: RetentionEvaluation scores {tokens['accuracy']}, the scoring pass "
+                                   f"{result['accuracy']}")
         _, params = evaluator_of(folder)
         params = jax.device_get(params)
         leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(params)]

@@ -70,7 +70,20 @@ def main() -> None:
     from ptmjax.training import compilation_cache
 
     compilation_cache.use_compilation_cache()
-    runs_dir = REPO_DIR / "runs" / "compression" / setting.name
+    results = compare(setting, REPO_DIR / "runs" / "compression" / setting.name)
+    suffix = "" if setting.name == "reduced" else f"_{setting.name}"
+    (EXPERIMENT_DIR / f"results{suffix}.json").write_text(json.dumps(results, indent=1) + "\n")
+    text = report.markdown(results)
+    (EXPERIMENT_DIR / f"results{suffix}.md").write_text(text)
+    report.plot(results, EXPERIMENT_DIR / f"compression{suffix}.png")
+    if setting.name == "reduced":  # the setting the README states
+        results_files.rewrite_tables(EXPERIMENT_DIR / "README.md", SCRIPT, tables())
+    print(text)
+
+
+def compare(setting: Setting, runs_dir: pathlib.Path) -> dict:
+    """Every row of `setting` made (or reused) under `runs_dir` at each seed, measured and timed: the results
+    file's record."""
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     folders = {row.name: [row.make(setting, runs_dir, seed) for seed in setting.seeds] for row in rows(setting)}
     measured = {row.name: [measure(folder, row.exit_threshold) for folder in folders[row.name]]
@@ -86,14 +99,7 @@ def main() -> None:
                  for row in rows(setting)],
     }
     results["summary"] = report.summary(results, FLOAT)
-    suffix = "" if setting.name == "reduced" else f"_{setting.name}"
-    (EXPERIMENT_DIR / f"results{suffix}.json").write_text(json.dumps(results, indent=1) + "\n")
-    text = report.markdown(results)
-    (EXPERIMENT_DIR / f"results{suffix}.md").write_text(text)
-    report.plot(results, EXPERIMENT_DIR / f"compression{suffix}.png")
-    if setting.name == "reduced":  # the setting the README states
-        results_files.rewrite_tables(EXPERIMENT_DIR / "README.md", SCRIPT, tables())
-    print(text)
+    return results
 
 
 def tables() -> dict[str, str]:
