@@ -1,0 +1,73 @@
+"""word2vec trained on the embedded corpus: deterministic from its seed, its loss falls, and (skip-gram) words
+that often occur together end nearer than random pairs of frequent words; nearest neighbours by cosine."""
+
+import collections
+import dataclasses
+import functools
+
+import numpy as np
+import pytest
+
+from ptmjax.training import word2vec
+
+
+@functools.cache
+def trained(architecture: str) -> word2vec.WordVectors:
+    return word2vec.train_word2vec(word2vec.Word2VecConfig(architecture=architecture, dim=32, epochs=5))
+
+
+def frequent_pairs(sentences, frequent: set[str], most: int) -> list[tuple[str, str]]:
+    """The `most` commonest pairs of distinct frequent words at distance 1 or 2."""
+    counts = collections.Counter()
+    for sentence in sentences:
+        for i, word in enumerate(sentence):
+            for other in sentence[i + 1:i + 3]:
+                if word != other and word in frequent and other in frequent:
+                    counts[tuple(sorted((word, other)))] += 1
+    return [pair for pair, _ in counts.most_common(most)]
+
+
+@pytest.mark.parametrize("architecture", ["skipgram", "cbow"])
+def test_training_lowers_the_loss(architecture):
+    losses = trained(architecture).losses
+    assert losses[-1] < losses[0] - 0.2
+
+
+def test_skipgram_brings_co_occurring_words_nearer_than_random_pairs():
+    """Cosines of the vectors less their mean: on a corpus this small every vector shares one large direction
+    (gensim's too), which raw cosines mostly measure."""
+    result = trained("skipgram")
+    words, index = result.vocabulary.words[:300], result.vocabulary.index
+    centred = result.vectors - result.vectors.mean(0)
+    unit = centred / np.linalg.norm(centred, axis=1, keepdims=True)
+    together = frequent_pairs(word2vec.corpus_sentences(), set(words), 100)
+    rng = np.random.default_rng(0)
+    random_pairs = [tuple(rng.choice(words, 2, replace=False)) for _ in range(1000)]
+    cosine = lambda pairs: np.mean([unit[index[a]] @ unit[index[b]] for a, b in pairs])  # noqa: E731
+    assert cosine(together) > cosine(random_pairs) + 0.15
+
+
+def test_same_seed_same_vectors_and_nearest_by_cosine():
+    sentences = [["a", "b", "c", "d", "a", "b"], ["c", "d", "a", "e"]] * 20
+    config = word2vec.Word2VecConfig(dim=8, window=2, min_count=1, sample=0, epochs=2, batch=16)
+    first, second = word2vec.train_word2vec(config, sentences), word2vec.train_word2vec(config, sentences)
+    np.testing.assert_array_equal(first.vectors, second.vectors)
+    other = word2vec.train_word2vec(dataclasses.replace(config, seed=1), sentences)
+    assert not np.array_equal(first.vectors, other.vectors)
+    neighbours = first.nearest("a", topn=4)
+    unit = first.vectors / np.linalg.norm(first.vectors, axis=1, keepdims=True)
+    query = unit[first.vocabulary.index["a"]]
+    cosines = {word: float(query @ unit[i]) for i, word in enumerate(first.vocabulary.words)}
+    assert [word for word, _ in neighbours] == sorted(set(cosines) - {"a"}, key=lambda w: -cosines[w])
+    np.testing.assert_allclose([c for _, c in neighbours], [cosines[w] for w, _ in neighbours], rtol=1e-5)
+    with pytest.raises(KeyError, match="'zebra' is not in the vocabulary"):
+        first.nearest("zebra")
+
+
+def test_config_refuses_bad_values():
+    with pytest.raises(ValueError, match="epoch 0 drew no examples from 2 words; lower sample"):
+        word2vec.train_word2vec(word2vec.Word2VecConfig(min_count=1, sample=1e-3), [["a", "b"]])
+    with pytest.raises(ValueError, match="architecture='glove'"):
+        word2vec.Word2VecConfig(architecture="glove")
+    with pytest.raises(ValueError, match="window=0"):
+        word2vec.Word2VecConfig(window=0)
