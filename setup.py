@@ -38,7 +38,9 @@ setuptools.setup(
     python_requires=">=3.11,<3.13",
     install_requires=CORE,
     extras_require={
-        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "pytest-xdist>=3.6,<4"],
+        # gensim ships the word-vector sets that ptmjax/evaluation/word_vectors.py reads (analogies, WordSim-353,
+        # SimLex-999), and is the reference its tests compare with.
+        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "pytest-xdist>=3.6,<4", "gensim>=4.4,<4.5"],
         "hf": ["torch==2.13.0", "transformers>=5.20,<6", "safetensors>=0.4,<1"],
         # The TPU runtime and compiler that jax 0.10.2's `jax[tpu]` extra pins; `ptmjax compile` needs only this
         # (no TPU) to compile for TPU topologies.
