@@ -30,6 +30,8 @@ CORE = [
     "qwix>=0.1.8,<0.2",
 ]
 
+HARNESS = ["lm-eval>=0.4.13,<0.5"]
+
 setuptools.setup(
     name="ptmjax",
     version="0.1.0",
@@ -40,11 +42,14 @@ setuptools.setup(
     extras_require={
         # gensim ships the word-vector sets that ptmjax/evaluation/word_vectors.py reads (analogies, WordSim-353,
         # SimLex-999), and is the reference its tests compare with.
-        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "pytest-xdist>=3.6,<4", "gensim>=4.4,<4.5"],
+        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "pytest-xdist>=3.6,<4", *HARNESS, "gensim>=4.4,<4.5"],
         "hf": ["torch==2.13.0", "transformers>=5.20,<6", "safetensors>=0.4,<1"],
         # The TPU runtime and compiler that jax 0.10.2's `jax[tpu]` extra pins; `ptmjax compile` needs only this
         # (no TPU) to compile for TPU topologies.
         "tpu": ["libtpu==0.0.42.*"],
+        # lm-evaluation-harness's tasks on ptmjax models (ptmjax/inference/harness.py, `ptmjax eval --harness`);
+        # without torch, which only its own `hf` extra pulls in.
+        "harness": HARNESS,
         # The documentation site (docs/documentation.md): Sphinx with MyST Markdown, the API reference by autodoc2.
         "docs": ["sphinx>=9.0,<10", "myst-parser>=5.0,<6", "sphinx-autodoc2>=0.5,<0.6", "sphinx-book-theme>=1.4,<2"],
     },

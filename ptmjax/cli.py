@@ -41,7 +41,9 @@ EXAMPLES = {
                "--gin_file=mesh/fsdp.gin --model_dir=/path/to/run",
                "ptmjax train --model_dir=runs/demo --resume_step=200    # resume from an older checkpoint"],
               "docs/training.md"),
-    "eval": (["ptmjax eval --model_dir runs/bert_classify_demo --task ptmjax_stdlib_module_classification_head"],
+    "eval": (["ptmjax eval --model_dir runs/bert_classify_demo --task ptmjax_stdlib_module_classification_head",
+              "ptmjax eval --model_dir runs/demo --harness my_task --include_path my_tasks/   # pip install -e "
+              "'.[harness]'"],
              "docs/inference.md"),
     "infer": (["ptmjax infer --model_dir runs/summarize_demo/best --task ptmjax_stdlib_docstring_summary "
                "--max_examples 8", "echo 'Return the sum of a and b.' | ptmjax infer --model_dir runs/demo "
@@ -158,16 +160,25 @@ def _decode_parser() -> argparse.ArgumentParser:
 def _add_eval_parser(commands: argparse._SubParsersAction) -> None:
     evaluate = _command(
         commands, "eval", help="a checkpoint's metrics on a seqio task or mixture (decoding and/or scoring, as its "
-        "metrics need); writes MODEL_DIR/eval/<task>_step<N>.json and TensorBoard", parents=[_AFTER, _decode_parser()],
+        "metrics need), or on lm-evaluation-harness tasks; writes MODEL_DIR/eval/<task>_step<N>.json (and "
+        "TensorBoard)", parents=[_AFTER, _decode_parser()],
     )
-    evaluate.add_argument("--model_dir", required=True, help="a `ptmjax train` run's folder or a converted model's")
-    evaluate.add_argument("--task", required=True, help="a registered seqio task or mixture with metric functions")
+    evaluate.add_argument("--model_dir", required=True, help="a `ptmjax train` run's folder or a converted model's "
+                          "(--harness: also a Hugging Face folder)")
+    tasks = evaluate.add_mutually_exclusive_group(required=True)
+    tasks.add_argument("--task", help="a registered seqio task or mixture with metric functions")
+    tasks.add_argument("--harness", metavar="TASK[,TASK]",
+                       help="lm-evaluation-harness tasks, lm-eval's or --include_path's (pip install -e '.[harness]'); "
+                       "writes MODEL_DIR/eval/harness_<tasks>[_step<N>].json")
+    evaluate.add_argument("--include_path", default=None,
+                          help="--harness: a folder of lm-eval task YAML files (e.g. over local JSONL) to add")
     evaluate.add_argument("--split", default="validation", help="the split evaluated (default: validation)")
     evaluate.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     evaluate.add_argument("--batch_size", type=int, default=32,
                           help="rows per model call; a multiple of the data-parallel devices (default: 32)")
-    evaluate.add_argument("--max_examples", type=int, default=None,
-                          help="evaluate only the first N examples of each task (default: all)")
+    evaluate.add_argument("--max_examples", "--limit", type=int, default=None,
+                          help="evaluate only the first N examples of each task (--limit, as lm-eval names it; "
+                          "default: all)")
     evaluate.add_argument("--output", default=None, help="the JSON file (default: MODEL_DIR/eval/<task>_step<N>.json)")
     evaluate.add_argument("--overwrite", action="store_true", help="replace an existing JSON file")
 

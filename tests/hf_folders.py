@@ -43,12 +43,11 @@ def paragraph_lines() -> list[str]:
     return [p.replace("\n", " ") for d in corpus.stdlib_docstrings("train") for p in d.split("\n\n") if p.strip()]
 
 
-def save_sentencepiece_t5(hf_dir) -> None:
-    """A random T5 v1.0 (SMALL_T5) with a 300-piece SentencePiece model of its own, trained on 400 paragraphs of
-    the corpus beside the folder, and the tokenizer files transformers reads (400 ids with T5's 100 sentinels)."""
+def save_sentencepiece_tokenizer(hf_dir):
+    """A 300-piece SentencePiece model trained on 400 paragraphs of the corpus beside the folder, and in it the T5
+    tokenizer files transformers reads (400 ids with T5's 100 sentinels); returns its seqio vocabulary."""
     import sentencepiece as spm
     import seqio
-    import transformers
 
     from ptmjax.convert import hf_tokenizer
 
@@ -57,6 +56,14 @@ def save_sentencepiece_t5(hf_dir) -> None:
                                    vocab_size=300, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
     vocabulary = seqio.SentencePieceVocabulary(f"{prefix}.model", extra_ids=100)
     hf_tokenizer.write_tokenizer(vocabulary, str(hf_dir))
+    return vocabulary
+
+
+def save_sentencepiece_t5(hf_dir) -> None:
+    """A random T5 v1.0 (SMALL_T5) with the tokenizer of `save_sentencepiece_tokenizer`."""
+    import transformers
+
+    vocabulary = save_sentencepiece_tokenizer(hf_dir)
     config = transformers.T5Config(vocab_size=vocabulary.vocab_size, **SMALL_T5)
     transformers.T5ForConditionalGeneration(config).save_pretrained(hf_dir)
 

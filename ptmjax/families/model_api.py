@@ -181,24 +181,35 @@ class ModelApi:
         `logits_chunk_size` (T5, BART, GPT-2) the logits are made that many
         positions at a time, as the chunked loss makes them.
         """
+        if logits_chunk_size is None:
+            return self.score_and_greedy(params, batch)[0]
+        targets = self._scored_targets(batch)
+        self.check_chunkable()
+        hidden = self.module.apply({"params": params}, **self.model_inputs(batch), rngs=self.rngs(None, False),
+                                   method="hidden_states")
+        token_log_probs = -chunked_token_cross_entropy(self.logits_fn(params), hidden, targets, logits_chunk_size)[0]
+        return jnp.sum(token_log_probs * batch[self.family.loss_weights].astype(jnp.float32), axis=-1)
+
+    def score_and_greedy(self, params: Any, batch: Batch) -> tuple[Array, Array]:
+        """(`score`, bool [b]: whether every weighted target is its position's most likely token, so that greedy
+        decoding would produce the targets: lm-evaluation-harness's `is_greedy`)."""
+        targets = self._scored_targets(batch)
+        outputs = self.module.apply({"params": params}, **self.model_inputs(batch), rngs=self.rngs(None, False))
+        log_probs = jax.nn.log_softmax(self.family.target_logits(outputs).astype(jnp.float32), axis=-1)
+        token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, t]
+        weights = batch[self.family.loss_weights]
+        greedy = jnp.all((jnp.argmax(log_probs, axis=-1) == targets) | (weights == 0), axis=-1)
+        return jnp.sum(token_log_probs * weights.astype(jnp.float32), axis=-1), greedy
+
+    def _scored_targets(self, batch: Batch) -> Array:
+        """The family's target tokens; raises for a model without any (a task head, ELECTRA's discriminator)."""
         if self.family.targets is None:
             what = "a fine-tuning head" if self.family.task_head else "an encoder trained inside another model"
             raise ValueError(
                 f"{type(self.module).__name__} is {what} without target tokens to score; score with a "
                 "language model (T5, BART, GPT-2) or a masked-LM encoder"
             )
-        targets = batch[self.family.targets]
-        variables, inputs, rngs = {"params": params}, self.model_inputs(batch), self.rngs(None, False)
-        if logits_chunk_size is None:
-            outputs = self.module.apply(variables, **inputs, rngs=rngs)
-            log_probs = jax.nn.log_softmax(self.family.target_logits(outputs).astype(jnp.float32), axis=-1)
-            token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [b, t]
-        else:
-            self.check_chunkable()
-            hidden = self.module.apply(variables, **inputs, rngs=rngs, method="hidden_states")
-            token_log_probs = -chunked_token_cross_entropy(self.logits_fn(params), hidden, targets,
-                                                           logits_chunk_size)[0]
-        return jnp.sum(token_log_probs * batch[self.family.loss_weights].astype(jnp.float32), axis=-1)
+        return batch[self.family.targets]
 
     def head_predictions(self, params: Any, batch: Batch) -> Array:
         """A task head's prediction per row (class ids, values, tag ids per token, answer spans); no dropout."""

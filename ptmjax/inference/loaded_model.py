@@ -63,7 +63,7 @@ class LoadedModel(Loaded):
     max_input_length: int | None = None
     max_input_length_source: str = "max_input_length"
     _predictors: dict[DecodeConfig, Callable[..., DecodeOutput]] = dataclasses.field(default_factory=dict, repr=False)
-    _scorer: Callable[..., jax.Array] | None = dataclasses.field(default=None, repr=False)
+    _scorer: Callable[..., tuple[jax.Array, jax.Array]] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def decoder_only(self) -> bool:
@@ -139,6 +139,12 @@ class LoadedModel(Loaded):
               truncate: bool = False) -> np.ndarray:
         """float32 [n]: log p(target_i | input_i), EOS included (`ModelApi.score` of the family's rows);
         inputs longer than `max_input_length` as `generate` treats them."""
+        return self.score_and_greedy(inputs, targets, batch_size=batch_size, truncate=truncate)[0]
+
+    def score_and_greedy(self, inputs: Inputs, targets: Inputs, *, batch_size: int | None = None,
+                         truncate: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(`score`, bool [n]: whether greedy decoding would produce each target, every one of its tokens the most
+        likely at its position). Token id lists are used as they are, a target's EOS only where it has one."""
         _, input_ids = self._encoded(inputs, "inputs", self.row_format.add_eos)
         input_ids = self._fitted(input_ids, truncate, None)
         _, target_ids = self._encoded(targets, "targets", True, bos=not self.row_format.causal)
@@ -146,18 +152,23 @@ class LoadedModel(Loaded):
             raise ValueError(f"{len(input_ids)} inputs but {len(target_ids)} targets; pass one target per input")
         longest_input, longest_target = max(map(len, input_ids)), max(map(len, target_ids))
         limit = getattr(self.config, "max_length", None)
-        if self.decoder_only and limit is not None:
-            input_length = bucket_length(longest_input, limit - longest_target - 1)
-            target_length = bucket_length(longest_target, limit - input_length - 1)
+        if self.row_format.causal:  # a row is one stream of input + target ids shifted by one: only its length counts
+            longest = max(len(x) + len(y) for x, y in zip(input_ids, target_ids, strict=True)) - 1
+            input_length, target_length = 1, bucket_length(longest, limit)  # score_rows: input + target - 1 long
+        elif self.decoder_only and limit is not None:  # seqio's PrefixLM rows are input + target ids long
+            input_length = bucket_length(longest_input, limit - longest_target)
+            target_length = bucket_length(longest_target, limit - input_length)
         else:
             input_length, target_length = bucket_length(longest_input, limit), bucket_length(longest_target, limit)
         rows = self.row_format.score_rows(input_ids, target_ids, input_length, target_length)
         scorer = self._jitted_score()
-        scores = []
+        scores, greedy = [], []
         with jax.set_mesh(self.mesh):
             for batch, real in fixed_batches(rows, self._batch_size(batch_size)):
-                scores.append(np.asarray(jax.device_get(scorer(self.params, batch)))[:real])
-        return np.concatenate(scores)
+                batch_scores, batch_greedy = jax.device_get(scorer(self.params, batch))
+                scores.append(np.asarray(batch_scores)[:real])
+                greedy.append(np.asarray(batch_greedy)[:real])
+        return np.concatenate(scores), np.concatenate(greedy)
 
     def _encoded(
         self, inputs: Inputs, name: str, add_eos: bool, bos: bool = True
@@ -204,18 +215,18 @@ class LoadedModel(Loaded):
             )
         return self._predictors[config]
 
-    def _jitted_score(self) -> Callable[..., jax.Array]:
+    def _jitted_score(self) -> Callable[..., tuple[jax.Array, jax.Array]]:
         if self._scorer is None:
             api, rules = self.api, self.rules
             with jax.set_mesh(self.mesh):
                 shardings = partitioning.logical_shardings(api.boxed_abstract_params, self.mesh, rules)
 
-            def score(params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
+            def score(params: Any, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
                 with nn.logical_axis_rules(rules):
-                    return api.score(params, batch)
+                    return api.score_and_greedy(params, batch)
 
             rows = partitioning.batch_sharding(self.mesh)
-            self._scorer = jax.jit(score, in_shardings=(shardings, rows), out_shardings=rows)
+            self._scorer = jax.jit(score, in_shardings=(shardings, rows), out_shardings=(rows, rows))
         return self._scorer
 
     def summary(self) -> dict[str, str]:

@@ -8,12 +8,17 @@ whole or not at all and never over an existing file without --overwrite, and
 to TensorBoard (ptmjax/evaluation/results.py); a table is printed.
 --gin_bindings bind DecodeConfig (the decode flags override them) and
 anything a task needs; they are read before the folder's config.gin.
+
+`--harness TASK[,TASK]` runs lm-evaluation-harness tasks instead (ptmjax/inference/harness.py; lm-eval's own, or
+the YAML files under --include_path) on any folder `ptmjax.load` reads, a Hugging Face one included; lm-eval's
+results go to MODEL_DIR/eval/harness_<tasks>[_step<N>].json as above, and lm-eval's table is printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 from typing import Any
 
@@ -40,9 +45,7 @@ def evaluate_model_dir(
 
     folder = ModelDir(model_dir)
     step = folder.checkpoint_step(step)
-    path = output or os.path.join(folder.path, "eval", f"{task}_step{step}.json")
-    if os.path.exists(path) and not overwrite:
-        raise ValueError(f"{path} exists; pass --overwrite to replace it, or --output to write elsewhere")
+    path = _unwritten(output or os.path.join(folder.path, "eval", f"{task}_step{step}.json"), overwrite)
     evaluator, params = folder_evaluator(folder.path, task, decode_config, split=split, step=step,
                                          batch_size=batch_size, max_examples=max_examples, show_progress=show_progress)
     results = evaluator.evaluate(params, step)
@@ -54,6 +57,40 @@ def evaluate_model_dir(
     results_io.write_json(path, payload, overwrite=overwrite)
     results_io.write_tensorboard(folder.path, step, results)
     return EvalReport(path, step, results)
+
+
+def evaluate_harness(
+    model_dir: str, tasks: list[str], *, include_path: str | None = None, step: int | None = None,
+    batch_size: int = 32, max_examples: int | None = None, output: str | None = None, overwrite: bool = False,
+) -> tuple[str, dict[str, Any]]:
+    """(the JSON file written, lm-eval's results) of lm-evaluation-harness `tasks` on `model_dir` at checkpoint
+    `step` (a run's; default: the newest), through `ptmjax.inference.harness.evaluate`."""
+    from ptmjax.evaluation import results as results_io
+    from ptmjax.storage.model_dir import CONFIG_FILE, ModelDir
+
+    try:
+        from ptmjax.inference import harness
+    except ModuleNotFoundError as error:
+        raise ValueError(str(error)) from None
+    from lm_eval.utils import handle_non_serializable
+
+    model_dir = os.path.abspath(model_dir)
+    if os.path.isfile(os.path.join(model_dir, CONFIG_FILE)):  # a run or an import: its checkpoints have steps
+        step = ModelDir(model_dir).checkpoint_step(step)
+    name = f"harness_{'+'.join(tasks)}" + ("" if step is None else f"_step{step}")
+    path = _unwritten(output or os.path.join(model_dir, "eval", f"{name}.json"), overwrite)
+    results = harness.evaluate(model_dir, tasks, include_path=include_path, limit=max_examples,
+                               batch_size=batch_size, step=step, log_samples=False)
+    payload = {"model_dir": model_dir, "step": step, "tasks": tasks, "max_examples": max_examples,
+               **json.loads(json.dumps(results, default=handle_non_serializable))}
+    return results_io.write_json(path, payload, overwrite=overwrite), results
+
+
+def _unwritten(path: str, overwrite: bool) -> str:
+    """`path`, which must not exist unless `overwrite` (checked before a long evaluation, and again at the write)."""
+    if os.path.exists(path) and not overwrite:
+        raise ValueError(f"{path} exists; pass --overwrite to replace it, or --output to write elsewhere")
+    return path
 
 
 def folder_evaluator(
@@ -93,8 +130,14 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ptmjax.tools.decode_flags import decode_config
+    from ptmjax.tools.decode_flags import DECODE_FLAGS, decode_config
 
+    if args.harness is not None:
+        given = [f"--{name}" for name in DECODE_FLAGS if getattr(args, name, None) is not None]
+        if given or args.gin_bindings:
+            raise ValueError(f"{' '.join(given) or '--gin_bindings'} decode for --task; a --harness task decodes as "
+                             "its own generation_kwargs say: drop them")
+        return harness_main(args)
     report = evaluate_model_dir(
         args.model_dir, args.task, decode_config(args), split=args.split, step=args.step,
         batch_size=args.batch_size, max_examples=args.max_examples, output=args.output, overwrite=args.overwrite,
@@ -110,3 +153,20 @@ def main(args: argparse.Namespace) -> int:
     print(f"Results: {report.path}")
     return 0
 
+
+def harness_main(args: argparse.Namespace) -> int:
+    """`ptmjax eval --harness`: runs lm-eval's tasks, writes the results and prints lm-eval's tables."""
+    from lm_eval.utils import make_table
+
+    tasks = [task.strip() for task in args.harness.split(",") if task.strip()]
+    if not tasks:
+        raise ValueError(f"--harness {args.harness!r} names no task; pass TASK[,TASK]")
+    path, results = evaluate_harness(
+        args.model_dir, tasks, include_path=args.include_path, step=args.step, batch_size=args.batch_size,
+        max_examples=args.max_examples, output=args.output, overwrite=args.overwrite,
+    )
+    print(make_table(results))
+    if results.get("groups"):
+        print(make_table(results, "groups"))
+    print(f"Results: {path}")
+    return 0
