@@ -7,7 +7,7 @@ import gin
 import optax
 
 from ptmjax import partitioning  # noqa: F401
-from ptmjax.adapt import adapters, bitfit, lora, p_tuning, prefix_tuning, prompt_tuning
+from ptmjax.adapt import adapters, bitfit, lora, p_tuning, prefix_tuning, prompt_tuning, sentence_embedding
 from ptmjax.compress.distillation import Distillation
 from ptmjax.compress.early_exit import EXIT_PARAMS, early_exit
 from ptmjax.compress.early_exit_loss import ExitLoss
@@ -25,6 +25,7 @@ from ptmjax.objectives import translation_lm  # noqa: F401
 from ptmjax.storage import checkpoints  # noqa: F401
 from ptmjax.tasks import (  # noqa: F401
     classification_head,
+    docstring_pairs,
     mixtures,
     module_classification,
     objective_mixture,
@@ -65,8 +66,10 @@ gin.external_configurable(adapters.adapters, module="ptmjax.adapt")
 gin.external_configurable(prompt_tuning.prompt_tuning, module="ptmjax.adapt")
 gin.external_configurable(p_tuning.p_tuning, module="ptmjax.adapt")
 gin.external_configurable(prefix_tuning.prefix_tuning, module="ptmjax.adapt")
+gin.external_configurable(sentence_embedding.sentence_encoder, module="ptmjax.adapt")
 gin.external_configurable(pretraining.register_text_files_task, module="ptmjax.tasks")
 gin.external_configurable(classification_head.register_module_head_task, module="ptmjax.tasks")
+gin.external_configurable(docstring_pairs.register_pairs_task, module="ptmjax.tasks")
 gin.external_configurable(tagging.register_tagging_task, module="ptmjax.tasks")
 gin.external_configurable(question_answering.register_qa_task, module="ptmjax.tasks")
 gin.external_configurable(registry.register_mixture, module="ptmjax.tasks")

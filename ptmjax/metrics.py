@@ -179,6 +179,21 @@ def perplexity(vocabulary: seqio.Vocabulary) -> Callable[[Sequence[str], Sequenc
     return metric
 
 
+def retrieval_at_1(targets: Sequence[str], predictions: Sequence[Any]) -> dict[str, float]:
+    """{'retrieval_at_1': % of anchors whose most cosine-similar positive among all the split's is right}.
+
+    predictions: each example's (anchor, positive) embeddings, [2, d]; targets: each example's positive text.
+    The retrieved positive is right when its text is the anchor's own (a body that two examples share is
+    either's); ties go to the first in the split's order.
+    """
+    from ptmjax.families.losses import cosine_similarities
+
+    pairs = np.asarray(predictions, np.float32)
+    nearest = np.argmax(np.asarray(cosine_similarities(pairs[:, 0], pairs[:, 1])), axis=1)
+    right = [targets[int(j)] == target for j, target in zip(nearest, targets, strict=True)]
+    return {"retrieval_at_1": 100.0 * float(np.mean(right))}
+
+
 def _first_per_group(targets: Sequence[Mapping[str, Any]], predictions: Sequence[Any]) -> tuple[list, list]:
     """The (target, prediction) of the first example of each target 'group'."""
     seen: set[Hashable] = set()

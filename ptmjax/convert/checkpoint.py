@@ -25,6 +25,7 @@ from ptmjax.data import sentence_pooling
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.families.model_api import model_api
 from ptmjax.layers import layer_stack
+from ptmjax.models.sentence_encoder import encoder_of
 from ptmjax.storage.model_dir import ModelDir
 from ptmjax.storage.written_whole import written_whole
 
@@ -94,6 +95,7 @@ def export_hf(model_dir: str, hf_dir: str, step: int | None = None, overwrite: b
     model, params, notes = float_model(model, folder.read_params(api.abstract_params, step=step))
     for note in notes:  # LoRA merged, quantized kernels dequantized
         print(f"Hugging Face export of {folder.path}: {note}")
+    model = encoder_of(model)  # a sentence encoder is written as the encoder it wraps, its pooling files beside it
     model, params = layer_stack.unscanned(model, params)  # Hugging Face's layout is the unscanned one
     imported = os.path.isfile(folder.generation_path)
     trained = "mixture_or_task_name" in gin_files.read_train_bindings(folder)

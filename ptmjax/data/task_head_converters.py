@@ -1,14 +1,17 @@
-"""seqio feature converters for fine-tuning heads: sequence classification / regression, token tagging, span QA.
+"""seqio feature converters for fine-tuning heads: sequence classification / regression, token tagging, span QA,
+and sentence-embedding pairs.
 
 Task features (int32 unless said; [n] = the length of 'inputs'):
   classification: inputs [n], label (scalar; float32 for regression), optional token_type_ids [n].
   tagging: inputs [n], tags [n] (the tag id on each word's first sub-token, -1 where not scored).
   span QA: inputs [n] (question, separator, context), optional token_type_ids [n] (0 question, 1 context),
     answer_start, answer_end (scalars: inclusive token indices into inputs).
+  embedding pairs: inputs [n] (the anchor), targets [m] (its positive).
 Model features ([b, L] sequences, [b] scalars):
   classification: input_tokens, token_type_ids, label, example_weight.
   tagging: input_tokens, token_type_ids, tags (>= 0 everywhere), tag_weights (1 where scored).
   span QA: input_tokens, token_type_ids, answer_start, answer_end, example_weight.
+  embedding pairs: input_tokens [b, L], positive_tokens [b, 'targets' length], example_weight.
 token_type_ids are zeros when the task has none. 'example_weight' is 1 for
 every example (the train step normalises the loss by its sum: the number
 of examples); a QA example whose answer truncation cut off gets 0, as
@@ -172,6 +175,39 @@ class DecoderRegressionFeatureConverter(DecoderClassificationFeatureConverter):
 
     LABELS = {"label": tf.float32}
     MODEL_FEATURES = {**DecoderClassificationFeatureConverter.MODEL_FEATURES, "label": Spec(dtype=tf.float32, rank=0)}
+
+
+class EmbeddingPairFeatureConverter(TaskHeadFeatureConverter):
+    """'inputs', 'targets' -> 'input_tokens' (the anchors, at the 'inputs' length), 'positive_tokens' (at the
+    'targets' length), both padded with PAD_ID, and 'example_weight'; no token types."""
+
+    TASK_FEATURES = {"inputs": Spec(dtype=tf.int32), "targets": Spec(dtype=tf.int32)}
+    MODEL_FEATURES = {
+        "input_tokens": Spec(dtype=tf.int32), "positive_tokens": Spec(dtype=tf.int32),
+        "example_weight": Spec(dtype=tf.int32, rank=0),
+    }
+
+    def required_features(self) -> list[str]:
+        return ["inputs", "targets"]
+
+    def _convert_features(self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
+        lengths = {"input_tokens": task_feature_lengths["inputs"], "positive_tokens": task_feature_lengths["targets"]}
+
+        def features(example: Features) -> dict[str, tf.Tensor]:
+            out = {name: tf.cast(example[key], tf.int32)[: lengths[name]]
+                   for name, key in (("input_tokens", "inputs"), ("positive_tokens", "targets"))}
+            return {**out, "example_weight": tf.constant(1, tf.int32)}
+
+        def padded(example: Features) -> dict[str, tf.Tensor]:
+            return {**example, **{name: tf.ensure_shape(tf.pad(
+                example[name], [[0, length - tf.shape(example[name])[0]]], constant_values=self.PAD_ID), [length])
+                for name, length in lengths.items()}}
+
+        return ds.map(features, num_parallel_calls=tf.data.AUTOTUNE).map(padded, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
+        return {"input_tokens": task_feature_lengths["inputs"], "positive_tokens": task_feature_lengths["targets"],
+                "example_weight": 1}
 
 
 @functools.cache

@@ -4,7 +4,9 @@
 - regression: the value [b];
 - token tagging: each position's tag id, argmax per token [b, s];
 - span QA: the answer span's (start, end) token indices [b, 2], inclusive, from
-  `span_search.best_span` over the context tokens, at most MAX_ANSWER_LENGTH long.
+  `span_search.best_span` over the context tokens, at most MAX_ANSWER_LENGTH long;
+- a sentence encoder: the anchor's and the positive's embeddings [b, 2, d], which a retrieval
+  metric compares across the split.
 """
 
 from __future__ import annotations
@@ -36,3 +38,8 @@ def answer_spans(outputs: Any, batch: Mapping[str, Array]) -> Array:
     context = real if types is None else jnp.where(jnp.any(types == 1, axis=1, keepdims=True), types, real)
     start, end, _ = best_span(outputs.start_logits, outputs.end_logits, MAX_ANSWER_LENGTH, context)
     return jnp.stack([start, end], axis=-1)
+
+
+def embedding_pairs(outputs: Any, batch: Mapping[str, Array]) -> Array:
+    """A sentence encoder's anchor and positive embeddings, float32 [b, 2, d]."""
+    return jnp.stack([outputs.anchors, outputs.positives], axis=1).astype(jnp.float32)

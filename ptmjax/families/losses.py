@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from ptmjax.families.chunked_logits import chunked_token_cross_entropy
 from ptmjax.families.token_loss import LossConfig, argmax_hits, token_cross_entropy
+from ptmjax.layers import precision
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -218,3 +219,30 @@ def span_question_answering_loss(outputs: Any, batch: Batch, loss_config: LossCo
         logits, targets, jnp.repeat(weights[:, None] / 2, 2, axis=1), loss_config,
         span_accuracy=(jnp.sum(both_right * weights), jnp.sum(weights)),
     )
+
+
+def cosine_similarities(anchors: Array, candidates: Array) -> Array:
+    """float32 [a, c]: the cosine similarity of every anchor [a, d] with every candidate [c, d]
+    (sentence-transformers' `cos_sim`: each vector divided by max(its L2 norm, 1e-12))."""
+    unit = [x.astype(jnp.float32) / jnp.maximum(jnp.linalg.norm(x.astype(jnp.float32), axis=-1, keepdims=True),
+                                                1e-12) for x in (anchors, candidates)]
+    return precision.matmul(unit[0], unit[1].T)
+
+
+def multiple_negatives_ranking_loss(outputs: Any, batch: Batch, loss_config: LossConfig) -> LossTerms:
+    """sentence-transformers' MultipleNegativesRankingLoss (its defaults: cosine similarity, one direction, no
+    hard negatives): each anchor's cross-entropy against every positive of the batch, its own the label,
+    logits `loss_config.similarity_scale` (20) times the cosine similarities; summed over 'example_weight'.
+
+    outputs: `.anchors`, `.positives` [b, d]. The batch is the global one (under jit the similarity matrix
+    spans every device's rows, as sentence-transformers' `gather_across_devices=True`), or one micro-batch
+    with gradient accumulation; positives of padded rows (weight 0) are no candidates. 'accuracy' is the
+    share of anchors whose own positive is the most similar in the batch.
+    """
+    weights = batch["example_weight"].astype(jnp.float32)
+    scores = loss_config.similarity_scale * cosine_similarities(outputs.anchors, outputs.positives)
+    scores = jnp.where(weights[None, :] > 0, scores, jnp.finfo(jnp.float32).min)  # finite: no NaN gradients
+    own = jnp.diagonal(scores)
+    nll = jnp.where(weights > 0, jax.nn.logsumexp(scores, axis=1) - own, 0.0)
+    hits = jnp.argmax(scores, axis=1) == jnp.arange(scores.shape[0])
+    return weighted_terms(nll, jnp.zeros_like(nll), hits, weights)

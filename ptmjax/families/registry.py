@@ -31,6 +31,7 @@ from ptmjax.models.flops import t5_training_flops
 from ptmjax.models.gpt2 import GPT2
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
 from ptmjax.models.permutation_lm import PermutationLM
+from ptmjax.models.sentence_encoder import SentenceEncoder
 from ptmjax.models.t5 import EncoderDecoder
 
 SEQIO = "seqio"
@@ -132,6 +133,22 @@ SPAN_QUESTION_ANSWERING = dataclasses.replace(
 )
 
 
+# A sentence encoder (models/sentence_encoder.py): anchor and positive rows, the MultipleNegativesRanking loss,
+# their embeddings as its prediction (a retrieval metric compares them across the split); probed as an encoder.
+SENTENCE_EMBEDDING = Family(
+    Kind.ENCODER, ConverterName(HEAD_CONVERTERS, "EmbeddingPairFeatureConverter"),
+    token_inputs("input_tokens", "positive_tokens"), ("example_weight",), None, "example_weight",
+    losses.multiple_negatives_ranking_loss, head_predictions=head_predictions.embedding_pairs,
+    probed_stack=encoder_stack,
+)
+
+
+def sentence_embedding_family(module: SentenceEncoder) -> Family:
+    """Rows padded with the encoder's pad_token_id (RoBERTa's 1), as its attention mask reads them."""
+    converter = dataclasses.replace(SENTENCE_EMBEDDING.converter, pad_id=_pad_id(module))
+    return dataclasses.replace(SENTENCE_EMBEDDING, converter=converter)
+
+
 def sequence_head_family(num_labels: int) -> Family:
     """Regression when num_labels == 1 (as Hugging Face), else classification."""
     return SEQUENCE_REGRESSION if num_labels == 1 else SEQUENCE_CLASSIFICATION
@@ -161,6 +178,7 @@ FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
     EncoderForTokenClassification: lambda module: TOKEN_TAGGING,
     EncoderForQuestionAnswering: lambda module: SPAN_QUESTION_ANSWERING,
     GPT2ForSequenceClassification: decoder_sequence_head_family,
+    SentenceEncoder: sentence_embedding_family,
 }
 
 # The model classes a user builds by name: each gin-configurable as `ptmjax.models.<class name>`.

@@ -26,6 +26,8 @@ class LossConfig:
         output layer and the loss that many positions at a time, recomputing each chunk in the
         backward pass, so float32 logits never exist for the whole batch (T5, BART, GPT-2;
         ptmjax/families/chunked_logits.py).
+      similarity_scale: a sentence encoder's MultipleNegativesRanking loss multiplies its cosine
+        similarities by this (sentence-transformers' `scale`, 20: a temperature of 0.05).
     """
 
     z_loss: float = 1e-4
@@ -33,6 +35,7 @@ class LossConfig:
     normalizing_factor: float | None = None
     discriminator_weight: float = 50.0
     logits_chunk_size: int | None = None
+    similarity_scale: float = 20.0
 
     def __post_init__(self):
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -43,6 +46,8 @@ class LossConfig:
             raise ValueError(f"normalizing_factor must be positive, got {self.normalizing_factor}")
         if self.discriminator_weight < 0:
             raise ValueError(f"discriminator_weight must be >= 0, got {self.discriminator_weight}")
+        if not self.similarity_scale > 0:
+            raise ValueError(f"similarity_scale must be > 0, got {self.similarity_scale}")
         if self.logits_chunk_size is not None and self.logits_chunk_size <= 0:
             raise ValueError(f"logits_chunk_size must be a positive number of positions, got {self.logits_chunk_size}")
 

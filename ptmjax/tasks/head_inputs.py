@@ -25,22 +25,28 @@ def adds_special_tokens(vocabulary: seqio.Vocabulary) -> bool:
 
 
 def tokenize_as_one_text(
-    dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature], sequence_length: Mapping[str, int] | None
+    dataset: tf.data.Dataset, output_features: Mapping[str, seqio.Feature], sequence_length: Mapping[str, int] | None,
+    keys: tuple[str, ...] = ("inputs",),
 ) -> tf.data.Dataset:
-    """seqio preprocessor: 'inputs' text -> int32 ids as the module doc says; the text stays as
-    'inputs_pretokenized'."""
+    """seqio preprocessor: each of the `keys` texts ('inputs'; a pair task's 'targets' too) -> int32 ids as the
+    module doc says, cut to its own length; each text stays as '<key>_pretokenized'."""
     vocabulary = output_features["inputs"].vocabulary
     if not adds_special_tokens(vocabulary):
         dataset = seqio.preprocessors.tokenize(dataset, output_features)
         return seqio.preprocessors.append_eos_after_trim(dataset, output_features, sequence_length)
-    max_length = sequence_length["inputs"] if sequence_length else None
 
-    def encode(text: bytes) -> np.ndarray:
-        return np.asarray(vocabulary.encode_with_template(text.decode("utf-8"), max_length), np.int32)
+    def encoder(key: str):
+        max_length = sequence_length[key] if sequence_length else None
+        return lambda text: np.asarray(vocabulary.encode_with_template(text.decode("utf-8"), max_length), np.int32)
+
+    encoders = {key: encoder(key) for key in keys}
 
     def with_ids(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        ids = tf.numpy_function(encode, [example["inputs"]], tf.int32, stateful=False)
-        ids.set_shape([None])
-        return {**example, "inputs": ids, "inputs_pretokenized": example["inputs"]}
+        out = dict(example)
+        for key, encode in encoders.items():
+            out[key] = tf.numpy_function(encode, [example[key]], tf.int32, stateful=False)
+            out[key].set_shape([None])
+            out[f"{key}_pretokenized"] = example[key]
+        return out
 
     return dataset.map(with_ids, num_parallel_calls=tf.data.AUTOTUNE)

@@ -25,7 +25,7 @@ from flax import linen as nn
 from jax.sharding import Mesh
 
 from ptmjax import partitioning
-from ptmjax.data import pipeline, tokenizer_dir
+from ptmjax.data import pipeline, sentence_pooling, tokenizer_dir
 from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.evaluation.head_evaluator import evaluator_for
 from ptmjax.storage.checkpoints import Checkpointer
@@ -60,7 +60,8 @@ class PreparedRun:
 
     def write_config(self) -> None:
         """Saves the resolved config (config.gin) and, fine-tuning an import on its own tokenizer, the
-        import's tokenizer/ and generation.json, so the run decodes and exports with them."""
+        import's tokenizer/, generation.json and sentence-transformers files, so the run decodes, embeds and
+        exports with them."""
         with open(self.folder.config_path, "w") as f:
             f.write(gin.operative_config_str())
         print(f"Resolved config saved to {self.folder.config_path}:\n{gin.operative_config_str()}")
@@ -171,8 +172,8 @@ def run_dataset(
 
 
 def _keep_import_tokenizer(source: ModelDir, run: ModelDir, mixture_or_task_name: str) -> None:
-    """Copies an import's tokenizer/ and generation.json into the run when the run's task uses that tokenizer;
-    nothing the run already has is replaced."""
+    """Copies an import's tokenizer/, generation.json and sentence-transformers files (data/sentence_pooling.py)
+    into the run when the run's task uses that tokenizer; nothing the run already has is replaced."""
     if not os.path.isdir(source.tokenizer_path) or os.path.exists(run.tokenizer_path):
         return
     task_vocabulary = pipeline.task_vocabulary(mixture_or_task_name)
@@ -181,6 +182,7 @@ def _keep_import_tokenizer(source: ModelDir, run: ModelDir, mixture_or_task_name
     shutil.copytree(source.tokenizer_path, run.tokenizer_path)
     if os.path.isfile(source.generation_path) and not os.path.exists(run.generation_path):
         shutil.copyfile(source.generation_path, run.generation_path)
+    sentence_pooling.copy_pooling_files(source.path, run.path)
 
 
 def _check_vocabulary(model: nn.Module, mixture_or_task_name: str) -> None:
