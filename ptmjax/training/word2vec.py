@@ -111,10 +111,11 @@ def train_word2vec(config: Word2VecConfig, sentences: Sequence[Sequence[str]] | 
         batches = -(-len(targets) // config.batch)
         progress = (epoch + np.arange(batches) / batches) / config.epochs
         alphas = np.repeat(config.alpha - (config.alpha - config.min_alpha) * progress, config.batch)[:len(targets)]
-        total = 0.0
+        chunk_losses = []  # left on the device, unread, so that the next epoch's examples are drawn meanwhile
         for chunk in _chunks((inputs, mask, outputs, weights, alphas.astype(np.float32)), config.batch):
-            tables, chunk_losses = _train_chunk(tables, tuple(chunk[:4]) + (chunk[4][:, 0],))
-            total += float(chunk_losses.sum())
-        losses.append(total / len(targets))
+            tables, chunk_loss = _train_chunk(tables, tuple(chunk[:4]) + (chunk[4][:, 0],))
+            chunk_losses.append(chunk_loss.sum())
+        losses.append((jnp.stack(chunk_losses).sum(), len(targets)))
     vectors = np.asarray(tables["input"])
-    return WordVectors(vocabulary, vectors, tuple(losses), time.perf_counter() - start)
+    mean_losses = tuple(float(total) / count for total, count in losses)
+    return WordVectors(vocabulary, vectors, mean_losses, time.perf_counter() - start)
