@@ -6,6 +6,11 @@ in corpus order, cuts them into batches of `batch` examples and runs `CHUNK` bat
 `sgd_step` (models/word2vec.py); the last chunk is padded with examples of weight 0. The learning rate falls
 linearly from `alpha` to `min_alpha` over the run's batches, as gensim's over its words. The result keeps the
 input table as the word vectors, with `nearest` for inspection.
+
+A model's input embedding table takes the vectors of the words its vocabulary has (`params_with_word_vectors`):
+row i becomes the vector of id i's word (`sentencepiece_words`: the pieces that start a word), all such rows
+scaled together to the root mean square of the rows they replace, so that the table keeps its initial scale;
+the dimensions must agree.
 """
 
 from __future__ import annotations
@@ -14,11 +19,14 @@ import dataclasses
 import functools
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
+from ptmjax import tree_paths
 from ptmjax.data import corpus, word2vec_examples
 from ptmjax.data.word2vec_examples import Vocabulary
 from ptmjax.models.word2vec import init_tables, nearest, sgd_step
@@ -119,3 +127,49 @@ def train_word2vec(config: Word2VecConfig, sentences: Sequence[Sequence[str]] | 
     vectors = np.asarray(tables["input"])
     mean_losses = tuple(float(total) / count for total, count in losses)
     return WordVectors(vocabulary, vectors, mean_losses, time.perf_counter() - start)
+
+
+def sentencepiece_words(vocabulary: Any) -> list[str | None]:
+    """Each id's word for `embedding_with_word_vectors`: a SentencePiece piece that starts a word ('▁File') read
+    as `word2vec_examples.words` reads text ('file'), None for the rest (pieces inside words, control pieces)."""
+    tokenizer = getattr(vocabulary, "tokenizer", None)
+    if not hasattr(tokenizer, "id_to_piece"):
+        raise ValueError(f"sentencepiece_words needs a SentencePiece vocabulary (with .tokenizer.id_to_piece); got "
+                         f"{vocabulary!r}; pass one word (or None) per id to embedding_with_word_vectors instead")
+    words = []
+    for i in range(tokenizer.get_piece_size()):
+        piece = tokenizer.id_to_piece(i)
+        found = word2vec_examples.words(piece[1:]) if piece.startswith("▁") else []
+        words.append(found[0] if len(found) == 1 else None)
+    return words
+
+
+def embedding_with_word_vectors(table: np.ndarray, words: Sequence[str | None],
+                                vectors: WordVectors) -> tuple[np.ndarray, np.ndarray]:
+    """`table` [rows, dim] with row i set to the vector of `words[i]` wherever word2vec has one, those rows scaled
+    together to the root mean square of the rows they replace -> (the new table, the ids set)."""
+    table = np.array(table, np.float32)
+    if table.shape[1] != vectors.vectors.shape[1]:
+        raise ValueError(f"the word vectors have {vectors.vectors.shape[1]} dimensions and the table "
+                         f"{table.shape[1]}; train word2vec with dim={table.shape[1]}")
+    if len(words) > len(table):
+        raise ValueError(f"{len(words)} words for a table of {len(table)} rows; give one word (or None) per row")
+    index = vectors.vocabulary.index
+    ids = np.array([i for i, word in enumerate(words) if word in index], np.int64)
+    if len(ids):
+        rows = vectors.vectors[[index[words[i]] for i in ids]]
+        table[ids] = rows * np.sqrt(np.mean(table[ids] ** 2) / np.mean(rows ** 2))
+    return table, ids
+
+
+def params_with_word_vectors(params: dict, path: str, words: Sequence[str | None],
+                             vectors: WordVectors) -> tuple[dict, np.ndarray]:
+    """The (unboxed) parameters `params` with their embedding table at `path` (e.g. 'token_embedder/embedding')
+    given the word vectors (`embedding_with_word_vectors`), in its dtype -> (the parameters, the ids set)."""
+    leaves = dict(tree_paths.leaves_by_path(params))
+    if path not in leaves:
+        tables = [p for p, leaf in leaves.items() if "embed" in p and np.ndim(leaf) == 2]
+        raise KeyError(f"no parameter {path!r}; the embedding tables here are {tables}")
+    table, ids = embedding_with_word_vectors(np.asarray(leaves[path]), words, vectors)
+    replaced = traverse_util.unflatten_dict({path: jnp.asarray(table, leaves[path].dtype)}, sep="/")
+    return tree_paths.overlay(params, replaced), ids
