@@ -34,6 +34,7 @@ NAMED_NOT_FILES = {  # names the pages use as examples of something other than a
     "models/t5_1_1_xl.gin": "the size alias docs/training.md shows being resolved",
     "runs/imported/config.gin": "a user's import folder",
     "runs/imported_bert/config.gin": "a user's import folder",
+    "runs/sentence_model/config.gin": "a user's import folder",
 }
 
 
