@@ -63,6 +63,8 @@ class PtmjaxLM(TemplateLM):
         super().__init__()
         if (model_dir is None) == (model is None):
             raise ValueError("pass one of model_dir (a folder ptmjax.load reads) or model (a LoadedModel)")
+        if model is not None and step is not None:
+            raise ValueError(f"step={step} is model_dir's checkpoint; a LoadedModel holds its own: drop step")
         if device is not None or max_batch_size is not None:
             raise ValueError(f"device={device!r}, max_batch_size={max_batch_size!r}: ptmjax puts the model on JAX's "
                              "devices (ptmjax.load's mesh) in batches of batch_size; drop these options")
@@ -190,8 +192,7 @@ def evaluate(
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    lm = PtmjaxLM(model, step=step, batch_size=batch_size) if isinstance(model, str) else PtmjaxLM(
-        model=model, batch_size=batch_size)
+    lm = PtmjaxLM(**{"model_dir" if isinstance(model, str) else "model": model}, step=step, batch_size=batch_size)
     # lm-eval's own thousands of task files take seconds to index: only where include_path lacks a task
     manager = TaskManager(include_path=include_path, include_defaults=False) if include_path else None
     if manager is None or not set(tasks) <= set(manager.all_tasks):

@@ -113,18 +113,22 @@ def context_and_choice_ids(model, text: str, choice: str) -> tuple[list[int], li
 
 
 def test_multiple_choice_accuracy_equals_rank_classification(model, tmp_path):
+    """Each request's log-likelihood is `LoadedModel.score` of its ids, and `acc` the rank classification accuracy.
+    A random model ranks the module names by length, not text: every other row's gold label is the model's own
+    choice, so the accuracy is neither 0 nor 1 and tests that lm-eval ranks the same scores."""
     labels, rows = module_classification.module_labels(), module_rows()
-    write_choice_task(tmp_path, rows)
-    results = harness.evaluate(model, [CHOICE_TASK], include_path=str(tmp_path), batch_size=16, bootstrap_iters=0)
     pairs = [[context_and_choice_ids(model, text, choice) for choice in labels] for text, _ in rows]
     flat = [pair for row in pairs for pair in row]
     scores = model.score([c for c, _ in flat], [y for _, y in flat], batch_size=32).reshape(len(rows), len(labels))
+    gold = np.array([scores[i].argmax() if i % 2 == 0 else label for i, (_, label) in enumerate(rows)])
+    write_choice_task(tmp_path, [(text, int(label)) for (text, _), label in zip(rows, gold, strict=True)])
+    results = harness.evaluate(model, [CHOICE_TASK], include_path=str(tmp_path), batch_size=16, bootstrap_iters=0)
     samples = sorted(results["samples"][CHOICE_TASK], key=lambda s: s["doc_id"])
     got = np.array([[resp[0][0] for resp in sample["resps"]] for sample in samples])
     np.testing.assert_allclose(got, scores, rtol=1e-5, atol=1e-5)  # float32 sums of ~100 (3x weights): relative
     assert np.ptp(scores, axis=1).min() > 0.1  # the choices really differ, so the ranking is tested
-    gold = np.array([label for _, label in rows])
     ranked = float(np.mean(scores.argmax(axis=1) == gold))
+    assert 0.5 <= ranked < 1
     assert results["results"][CHOICE_TASK]["acc,none"] == pytest.approx(ranked, abs=1e-12)
     if not model.decoder_only:  # rank classification's own rows (seqio's converter), candidates without EOS
         contexts, choices = [row[0][0] for row in pairs], [choice for _, choice in pairs[0]]
