@@ -279,3 +279,27 @@ def test_a_teacher_of_another_shape_or_width_is_refused_naming_the_fix(tmp_path)
     with pytest.raises(ValueError, match="compares hidden states of equal widths; the student's are 16 wide, "
                                          "the teacher's 32"):
         trainer_of(EncoderDecoder(STUDENT), Distillation(teacher_dir, teacher=wide, hidden_weight=1.0))
+
+
+def test_a_teacher_of_another_family_with_the_same_vocabulary_distils_its_logits(tmp_path):
+    """A T5 teacher and a BART student read the same sequence-to-sequence batches: the soft term equals float64
+    KL of the two models' own logits on them."""
+    from ptmjax.models import Bart, BartConfig
+
+    student = Bart(BartConfig(vocab_size=TEACHER.vocab_size, d_model=16, num_heads=2, num_encoder_layers=1,
+                              num_decoder_layers=1, d_ff=32, max_length=16, dropout_rate=0.0))
+    teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
+    objective = Distillation(teacher_dir, teacher=EncoderDecoder(TEACHER), hard_weight=0.0, soft_weight=1.0,
+                             temperature=2.0)
+    trainer, spec = trainer_of(student, objective)
+    state = trainer.init_state(jax.random.key(1))
+    student_params, teacher_params = jax.device_get((state.params, state.extra["teacher"]))
+    batch, device_batch = t5_batch(spec, trainer)
+    _, metrics = trainer.train_step(state, device_batch, jax.random.key(2))
+    inputs = {k: v for k, v in batch.items() if k.endswith("_tokens") and k != "decoder_target_tokens"}
+    q = softmax64(np.asarray(student.apply({"params": student_params}, **inputs), np.float64) / 2.0)
+    p = softmax64(sown(EncoderDecoder(TEACHER), teacher_params, batch)[0] / 2.0)
+    w = batch["decoder_loss_weights"].astype(np.float64)
+    expected = np.sum(4.0 * np.sum(p * (np.log(p) - np.log(q)), -1) * w) / w.sum()
+    np.testing.assert_allclose(float(metrics["distill_soft"]), expected, rtol=2e-5)
+    assert expected > 1e-3
