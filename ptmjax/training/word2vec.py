@@ -55,9 +55,14 @@ class Word2VecConfig:
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"architecture={self.architecture!r} is not one of {ARCHITECTURES}")
-        for name in ("dim", "window", "negatives", "epochs", "batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        require_at_least_one(self, ("dim", "window", "negatives", "epochs", "batch"))
+
+
+def require_at_least_one(config: Any, names: Sequence[str]) -> None:
+    """Raises ValueError naming the first of `config`'s fields `names` below 1."""
+    for name in names:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name}={getattr(config, name)} must be at least 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +96,7 @@ def _train_chunk(tables: dict[str, jax.Array], batches: tuple[jax.Array, ...]) -
     return jax.lax.scan(lambda state, batch: sgd_step(state, *batch), tables, batches)
 
 
-def _chunks(arrays: tuple[np.ndarray, ...], batch: int) -> list[tuple[np.ndarray, ...]]:
+def padded_chunks(arrays: tuple[np.ndarray, ...], batch: int) -> list[tuple[np.ndarray, ...]]:
     """`arrays` (one row per example) padded with zero rows to whole chunks, cut into [CHUNK, batch, ...]."""
     rows = batch * CHUNK
     padded = -(-len(arrays[0]) // rows) * rows
@@ -120,7 +125,7 @@ def train_word2vec(config: Word2VecConfig, sentences: Sequence[Sequence[str]] | 
         progress = (epoch + np.arange(batches) / batches) / config.epochs
         alphas = np.repeat(config.alpha - (config.alpha - config.min_alpha) * progress, config.batch)[:len(targets)]
         chunk_losses = []  # left on the device, unread, so that the next epoch's examples are drawn meanwhile
-        for chunk in _chunks((inputs, mask, outputs, weights, alphas.astype(np.float32)), config.batch):
+        for chunk in padded_chunks((inputs, mask, outputs, weights, alphas.astype(np.float32)), config.batch):
             tables, chunk_loss = _train_chunk(tables, tuple(chunk[:4]) + (chunk[4][:, 0],))
             chunk_losses.append(chunk_loss.sum())
         losses.append((jnp.stack(chunk_losses).sum(), len(targets)))
