@@ -25,6 +25,8 @@ import os
 import pathlib
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +39,7 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "word2vec_vs_gen
 FRAMEWORKS = ("ptmjax", "gensim")
 INSPECTED = ("file", "string", "thread", "true")
 SETS = ("WordSim-353", "SimLex-999")
+SCORE_HEADER = ("analogy accuracy (questions, coverage)", *(f"{s} Spearman (pairs, coverage)" for s in SETS))
 
 
 def train_gensim(config: word2vec.Word2VecConfig, sentences: list[list[str]]) -> tuple[list[str], np.ndarray]:
@@ -59,14 +62,19 @@ def run(framework: str, config: word2vec.Word2VecConfig, sentences: list[list[st
     else:
         words, vectors = train_gensim(config, sentences)
     seconds = time.perf_counter() - start
+    return {"words_per_s": sum(map(len, sentences)) * config.epochs / seconds, **measured(words, vectors, seconds)}
+
+
+def measured(words: list[str], vectors: np.ndarray, seconds: float) -> dict:
+    """A trained run's seconds, vocabulary size, standard scores and the nearest neighbours of INSPECTED."""
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     neighbours = {}
     for word in INSPECTED:
         if word in words:
             cosines = np.einsum("vd,d->v", unit, unit[words.index(word)])
             neighbours[word] = [words[i] for i in np.argsort(-cosines)[1:6]]
-    return {"seconds": seconds, "words_per_s": sum(map(len, sentences)) * config.epochs / seconds,
-            "vocabulary": len(words), "scores": word_vectors.standard_scores(words, vectors), "neighbours": neighbours}
+    return {"seconds": seconds, "vocabulary": len(words), "scores": word_vectors.standard_scores(words, vectors),
+            "neighbours": neighbours}
 
 
 def figure(runs: list[dict], path: tuple[str, ...], fmt: str, scale: float = 1) -> str:
@@ -79,26 +87,31 @@ def figure(runs: list[dict], path: tuple[str, ...], fmt: str, scale: float = 1) 
     return results_files.spread([value(run) for run in runs], fmt)
 
 
+def score_cells(runs: list[dict]) -> list[str]:
+    """The analogy and similarity cells of one framework's row (SCORE_HEADER), each a range over the seeds."""
+    scores = runs[0]["scores"]  # the vocabulary, so the coverage, is the same for every seed
+    return [f"{figure(runs, ('scores', 'analogies', 'accuracy'), '{:.1f}', 100)}% of "
+            f"{scores['analogies']['answered']} ({scores['analogies']['coverage']:.2%})",
+            *(f"{figure(runs, ('scores', name, 'spearman'), '{:.3f}')} ({scores[name]['pairs']} pairs, "
+              f"{scores[name]['coverage']:.1%})" for name in SETS)]
+
+
+
 def rows(entry: dict) -> list[list[str]]:
     """The table's rows, one per framework, each figure a range over the seeds."""
-    table = []
-    for framework in FRAMEWORKS:
-        runs = entry["runs"][framework]
-        scores = runs[0]["scores"]  # the vocabulary, so the coverage, is the same for every seed
-        row = [framework, figure(runs, ("words_per_s",), "{:,.0f}"), figure(runs, ("seconds",), "{:.1f}"),
-               f"{figure(runs, ('scores', 'analogies', 'accuracy'), '{:.1f}', 100)}% of "
-               f"{scores['analogies']['answered']} ({scores['analogies']['coverage']:.2%})"]
-        table.append(row + [f"{figure(runs, ('scores', name, 'spearman'), '{:.3f}')} ({scores[name]['pairs']} pairs, "
-                            f"{scores[name]['coverage']:.1%})" for name in SETS])
-    return table
+    return [[framework, figure(runs, ("words_per_s",), "{:,.0f}"), figure(runs, ("seconds",), "{:.1f}"),
+             *score_cells(runs)] for framework, runs in ((f, entry["runs"][f]) for f in FRAMEWORKS)]
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
 def table(entry: dict) -> str:
     """A Markdown table of one architecture's results."""
-    header = ["", "words/s", "seconds", "analogy accuracy (questions, coverage)",
-              *(f"{s} Spearman (pairs, coverage)" for s in SETS)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows(entry)]) + "\n"
+    return markdown(["", "words/s", "seconds", *SCORE_HEADER], rows(entry))
 
 
 def tables() -> dict[str, str]:
@@ -124,18 +137,31 @@ def main() -> None:
     sentences = word2vec.corpus_sentences()
     importlib.import_module("gensim.models")  # its import is not timed
     print(f"{len(sentences)} sentences, {sum(map(len, sentences)):,} words; {config}; {os.cpu_count()} CPU cores\n")
-    runs = {framework: [] for framework in FRAMEWORKS}
-    for seed in (int(s) for s in args.seeds.split(",")):
-        for framework in FRAMEWORKS:
-            runs[framework].append(run(framework, dataclasses.replace(config, seed=seed), sentences))
-            print(f"  {framework}, seed {seed}: {runs[framework][-1]['seconds']:.1f} s", flush=True)
+    runs = seeded_runs(FRAMEWORKS, config, args.seeds, lambda framework, seeded: run(framework, seeded, sentences))
+    report(runs, config, table, (RESULTS, config.architecture) if args.save else None)
+
+
+def seeded_runs(names: tuple[str, ...], config: Any, seeds: str, run_one: Callable[[str, Any], dict]) -> dict:
+    """{name: [run_one(name, config at each seed of `seeds`, '0,1,2')]}, the names taking turns within a seed."""
+    runs = {name: [] for name in names}
+    for seed in (int(s) for s in seeds.split(",")):
+        for name in names:
+            runs[name].append(run_one(name, dataclasses.replace(config, seed=seed)))
+            print(f"  {name}, seed {seed}: {runs[name][-1]['seconds']:.1f} s", flush=True)
+    return runs
+
+
+def report(runs: dict, config: Any, render: Callable[[dict], str], saved: tuple[pathlib.Path, str] | None) -> None:
+    """Prints the table `render` gives and the first seed's nearest neighbours; keeps the entry under `saved`'s
+    key in its results file when given."""
     entry = {"measured": results_files.run_record(), "config": dataclasses.asdict(config), "runs": runs}
-    print("\n" + table(entry))
-    for framework in FRAMEWORKS:
-        for word, nearest in runs[framework][0]["neighbours"].items():
-            print(f"{framework:<7} {word:<8} {', '.join(nearest)}")
-    if args.save:
-        results_files.saved_entry(RESULTS, config.architecture, entry)
+    print("\n" + render(entry))
+    width = max(map(len, runs))
+    for name, name_runs in runs.items():
+        for word, nearest in name_runs[0]["neighbours"].items():
+            print(f"{name:<{width}} {word:<8} {', '.join(nearest)}")
+    if saved:
+        results_files.saved_entry(*saved, entry)
 
 
 if __name__ == "__main__":
