@@ -37,6 +37,7 @@ from ptmjax.data import pipeline
 from ptmjax.evaluation.head_evaluator import HeadEvaluator
 from ptmjax.families.model_api import model_api
 from ptmjax.storage.model_dir import ModelDir
+from ptmjax.tree_paths import subtree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,5 +137,6 @@ def searched_retention(model_dir: str, length: int, step: int | None = None) -> 
     if not is_searching(model):
         raise ValueError(f"{folder.path} holds a {type(model).__name__}, not a retention_search model; give the "
                          "folder of the run that searched")
-    params = folder.read_params(model_api(model).abstract_params, step=folder.checkpoint_step(step))
+    wanted = subtree(model_api(model).abstract_params, [SOFT_RETENTION])  # the retention weights alone
+    params = folder.read_params(wanted, step=step, whole=False)
     return retention_of(params[SOFT_RETENTION], model.rate, length)
