@@ -1,8 +1,9 @@
 """XLNet-style permutation language model: two-stream attention over a random factorisation order.
 
 The backbone is GPT-2's (pre-LN blocks, learned positions, tied embeddings;
-`GPT2Config`). A factorisation order is given per row as `permutation_rank`
-[b, s] (rank[i] = the step at which token i is predicted). Two streams run
+`GPT2Config`); its layers are pre-LN `TwoStreamBlock`s (ptmjax/layers/two_stream.py).
+A factorisation order is given per row as `permutation_rank` [b, s]
+(rank[i] = the step at which token i is predicted). Two streams run
 through the same layers, with the same parameters:
 - the content stream h starts from token + position embeddings; position i
   attends to the tokens of rank <= rank[i] (itself included);
@@ -20,56 +21,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import mask_to_bias
 from ptmjax.layers.common import dtype_kwargs
 from ptmjax.layers.embed import EMBED_INIT_STDDEV, Embed
-from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
-from ptmjax.models.gpt2 import HIDDEN_AXES, LOGIT_AXES, GPT2Config
+from ptmjax.layers.two_stream import TwoStreamBlock, two_stream_masks
+from ptmjax.models.gpt2 import LOGIT_AXES, GPT2Config
 
 Array = jax.Array
-
-
-def two_stream_masks(permutation_rank: Array, valid: Array) -> tuple[Array, Array]:
-    """rank [b, s], valid [b, s] bool -> (content mask, query mask), each bool [b, 1, s, s] (query, key)."""
-    query_rank, key_rank = permutation_rank[:, :, None], permutation_rank[:, None, :]
-    keys = valid[:, None, :]
-    return ((key_rank <= query_rank) & keys)[:, None], ((key_rank < query_rank) & keys)[:, None]
-
-
-class TwoStreamBlock(nn.Module):
-    """A pre-LN block applied to the content and the query stream with shared parameters."""
-
-    config: GPT2Config
-
-    @nn.compact
-    def __call__(
-        self, content: Array, query: Array, content_bias: Array, query_bias: Array, enable_dropout: bool = False
-    ) -> tuple[Array, Array]:
-        """content, query [b, s, embed]; biases [b, 1, s, s] -> (content, query) [b, s, embed]."""
-        c = self.config
-        drop = nn.Dropout(c.dropout_rate, deterministic=not enable_dropout)
-        attention_norm = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))
-        attention = MultiHeadAttention(
-            c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-            attention_kernel=c.attention_kernel, name="attention", **dtype_kwargs(c),
-        )
-        mlp_norm = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))
-        mlp = MlpBlock(c.d_ff, (c.activation,), 0.0, use_bias=True, name="mlp", **dtype_kwargs(c))
-        keys = attention_norm(content)  # both streams read the content stream
-
-        def update(stream: Array, bias: Array) -> Array:
-            attended = attention(attention_norm(stream), keys, bias, enable_dropout)
-            # A row with no visible key (the query of the first token in the order) would attend to
-            # everything uniformly: it gets no attention update instead.
-            has_keys = jnp.any(bias == 0, axis=-1)[:, 0, :, None]  # [b, s, 1]
-            stream = stream + drop(jnp.where(has_keys, attended, 0))
-            stream = stream + drop(mlp(mlp_norm(stream), enable_dropout))
-            return nn.with_logical_constraint(stream, HIDDEN_AXES)
-
-        return update(content, content_bias), update(query, query_bias)
 
 
 class PermutationLM(nn.Module):
@@ -101,7 +61,7 @@ class PermutationLM(nn.Module):
             "query_embedding", nn.with_logical_partitioning(nn.initializers.normal(EMBED_INIT_STDDEV), ("embed",)),
             (c.d_model,), dtype_kwargs(c)["param_dtype"],
         )
-        self.layers = [TwoStreamBlock(c) for _ in range(c.num_layers)]
+        self.layers = [TwoStreamBlock(c, pre_layer_norm=True) for _ in range(c.num_layers)]
         self.decoder_norm = LayerNorm(c.layer_norm_epsilon, **dtype_kwargs(c))
         self.dropout = nn.Dropout(c.dropout_rate)
 
