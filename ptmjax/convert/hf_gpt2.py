@@ -63,6 +63,11 @@ def to_hf_config(config: GPT2Config) -> Any:
             f"GPT2Config.num_experts={config.num_experts}: Hugging Face's GPT-2 has no Mixture-of-Experts layers; "
             "only dense GPT-2 configs (num_experts=0) can be exported."
         )
+    if config.block_position_embeddings:
+        raise ValueError(
+            "GPT2Config.block_position_embeddings=True (GLM): Hugging Face's GPT-2 has no second position table; "
+            "only GPT-2 configs without it can be exported."
+        )
     if config.activation not in TO_HF_ACTIVATION:
         raise ValueError(
             f"GPT2Config.activation={config.activation!r} has no Hugging Face equivalent; use one of "

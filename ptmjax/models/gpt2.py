@@ -5,6 +5,10 @@ alone: `decoder_causal_attention` marks a bidirectional prefix per row, as
 seqio's PrefixLM feature converter produces it. Packed rows (segment ids
 1, 2, ...; 0 = padding) never attend across segments; pass
 `decoder_positions` so each segment's positions restart at 0.
+
+With `block_position_embeddings` (GLM, ptmjax/objectives/blank_infilling.py) a
+second learned table adds the embedding of `decoder_block_positions`, a token's
+position within its span (0 on GLM's part A), to that of `decoder_positions`.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class GPT2Config(MoeConfig, ModelConfig):
     ptmjax/layers/moe.py).
     MoE experts are bias-free Switch experts with `activation` (Hugging Face's
     GPT-2 has no MoE layers).
+    block_position_embeddings: GLM's second position table (for `decoder_block_positions`, max_length
+    entries); off in GPT-2.
     """
 
     vocab_size: int
@@ -61,6 +67,7 @@ class GPT2Config(MoeConfig, ModelConfig):
     attention_dropout_rate: float = 0.1
     activation: str = "gelu"
     layer_norm_epsilon: float = dataclasses.field(default=1e-5, kw_only=True)
+    block_position_embeddings: bool = dataclasses.field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_length")
@@ -115,7 +122,8 @@ class GPT2(nn.Module):
     Inputs are seqio DecoderFeatureConverter / PrefixLM fields:
       decoder_input_tokens [b, t] int; decoder_segment_ids [b, t] (packing, 0 = padding);
       decoder_positions [b, t] (default 0..t-1); decoder_causal_attention [b, t]
-      (1 on the bidirectional prefix; None = fully causal).
+      (1 on the bidirectional prefix; None = fully causal); with `block_position_embeddings`,
+      decoder_block_positions [b, t] (GLM's position within a span; None = 0).
     Dropout draws from the 'dropout' rng when `enable_dropout=True`.
 
     Decoding (`cache`, layers.attention.CacheSlots, applied with mutable=['cache']):
@@ -133,6 +141,10 @@ class GPT2(nn.Module):
             c.vocab_size, c.d_model, embedding_init=nn.initializers.normal(EMBED_INIT_STDDEV), **dtype_kwargs(c)
         )
         self.position_embedder = position_embedder(c.max_length, c.d_model, EMBED_INIT_STDDEV, **dtype_kwargs(c))
+        if c.block_position_embeddings:
+            self.block_position_embedder = position_embedder(
+                c.max_length, c.d_model, EMBED_INIT_STDDEV, **dtype_kwargs(c)
+            )
         self.decoder_norm = LayerNorm(c.layer_norm_epsilon, **dtype_kwargs(c))
         self.dropout = nn.Dropout(c.dropout_rate)
 
@@ -145,17 +157,20 @@ class GPT2(nn.Module):
         decoder_causal_attention: Array | None = None,
         enable_dropout: bool = False,
         cache: CacheSlots | None = None,
+        decoder_block_positions: Array | None = None,
     ) -> Array:
         """-> final hidden states [b, t, embed], after the last LayerNorm; the layers are this method's children."""
         tokens = decoder_input_tokens
         slot_fields = {"decoder_segment_ids": decoder_segment_ids, "decoder_causal_attention": decoder_causal_attention}
         check_token_inputs(
-            "decoder_input_tokens", tokens, decoder_positions=decoder_positions, **({} if cache else slot_fields)
+            "decoder_input_tokens", tokens, decoder_positions=decoder_positions,
+            decoder_block_positions=decoder_block_positions, **({} if cache else slot_fields),
         )
         batch, length = tokens.shape
         check_length(length if cache is None else cache.length, self.config.max_length, "GPT2")
         positions = sequential_positions(tokens) if decoder_positions is None else decoder_positions
         x = self.token_embedder(tokens) + broadcast_batch(self.position_embedder(positions), tokens.shape[0])
+        x = x + self._block_position_embeddings(decoder_block_positions)
         x = nn.with_logical_constraint(self.dropout(x, deterministic=not enable_dropout), HIDDEN_AXES)
         if cache is None and decoder_causal_attention is None:
             mask = decoder_attention_mask(tokens, decoder_segment_ids)
@@ -169,6 +184,19 @@ class GPT2(nn.Module):
         x = apply_layers(GPT2Block, self.config, self.config.num_layers, x, mask, cache, enable_dropout=enable_dropout)
         return nn.with_logical_constraint(self.decoder_norm(x), HIDDEN_AXES)
 
+    def _block_position_embeddings(self, block_positions: Array | None) -> Array | float:
+        """[b, t, embed] of GLM's block positions (None: position 0); 0 without the table."""
+        if not self.config.block_position_embeddings:
+            if block_positions is not None:
+                raise ValueError(
+                    "decoder_block_positions given, but GPT2Config.block_position_embeddings is False; set it "
+                    "True (GLM) or drop the field"
+                )
+            return 0.0
+        if block_positions is None:
+            block_positions = jnp.zeros((1, 1), jnp.int32)
+        return self.block_position_embedder(block_positions)
+
     def __call__(
         self,
         decoder_input_tokens: Array,
@@ -177,11 +205,12 @@ class GPT2(nn.Module):
         decoder_causal_attention: Array | None = None,
         enable_dropout: bool = False,
         cache: CacheSlots | None = None,
+        decoder_block_positions: Array | None = None,
     ) -> Array:
         """-> logits float32 [b, t, vocab] against the (tied) token embedding."""
         x = self.hidden_states(
             decoder_input_tokens, decoder_segment_ids, decoder_positions, decoder_causal_attention, enable_dropout,
-            cache,
+            cache, decoder_block_positions,
         )
         return self.logits(x)
 
