@@ -12,6 +12,7 @@ Model features:
   input_tokens, target_tokens, loss_mask [b, length]; with sentence pairs
   also token_type_ids [b, length] and sentence_label [b].
 Permuted LM (XLNet) adds 'permutation_rank' [b, length] to the masked-LM fields.
+SpanBERT's span boundary objective adds 'span_left', 'span_right', 'span_position' [b, length].
 Rows are padded with 0, never packed: a row is one example (and one pair).
 """
 
@@ -96,3 +97,13 @@ class PermutedLmFeatureConverter(MaskedLmFeatureConverter):
 
     MODEL_FEATURES = {**MaskedLmFeatureConverter.MODEL_FEATURES, "permutation_rank": Spec(dtype=tf.int32)}
     EXTRA_SEQUENCE_FEATURES = {"loss_mask": "loss_mask", "permutation_rank": "permutation_rank"}
+
+
+class SpanBoundaryFeatureConverter(MaskedLmFeatureConverter):
+    """Masked LM plus SpanBERT's boundary features (ptmjax/objectives/span_boundaries.py), each [b, length]."""
+
+    MODEL_FEATURES = {
+        **MaskedLmFeatureConverter.MODEL_FEATURES,
+        **{name: Spec(dtype=tf.int32) for name in ("span_left", "span_right", "span_position")},
+    }
+    EXTRA_SEQUENCE_FEATURES = {name: name for name in ("loss_mask", "span_left", "span_right", "span_position")}

@@ -156,6 +156,29 @@ def masked_lm_loss(outputs: Any, batch: Batch, loss_config: LossConfig) -> LossT
     )
 
 
+def span_boundary_mlm_loss(outputs: Any, batch: Batch, loss_config: LossConfig) -> LossTerms:
+    """SpanBERT: each 'loss_mask' token's MLM cross-entropy plus, where it has span boundaries, its span boundary
+    objective's (the paper's L_MLM(x_i) + L_SBO(x_i)), divided by the number of MLM tokens as the MLM loss is.
+
+    outputs: `.mlm_logits`, `.span_boundary_logits` [b, s, V] and `.span_boundary_weights` [b, s]
+    (ptmjax/models/span_bert.py); the batch gives 'target_tokens' and 'loss_mask'. 'accuracy' stays the MLM's;
+    'mlm_loss' is the MLM term alone, 'sbo_loss' and 'sbo_accuracy' are over the SBO's tokens.
+    """
+    targets, weights = batch["target_tokens"], batch["loss_mask"].astype(jnp.float32)
+    z_loss, smoothing = loss_config.z_loss, loss_config.label_smoothing
+    mlm, mlm_z = token_cross_entropy(outputs.mlm_logits, targets, z_loss, smoothing)
+    sbo, sbo_z = token_cross_entropy(outputs.span_boundary_logits, targets, z_loss, smoothing)
+    on_span = outputs.span_boundary_weights
+    sbo_weights = weights * on_span
+    sbo_tokens = jnp.sum(sbo_weights)
+    sbo_hits = argmax_hits(outputs.span_boundary_logits, targets)
+    return weighted_terms(
+        mlm + sbo * on_span, mlm_z + sbo_z * on_span, argmax_hits(outputs.mlm_logits, targets), weights,
+        mlm_loss=(jnp.sum(mlm * weights), jnp.sum(weights)), sbo_loss=(jnp.sum(sbo * sbo_weights), sbo_tokens),
+        sbo_accuracy=(jnp.sum(sbo_hits * sbo_weights), sbo_tokens),
+    )
+
+
 def permuted_lm_loss(logits: Array, batch: Batch, loss_config: LossConfig) -> LossTerms:
     """XLNet: the query stream's logits against 'target_tokens' on the 'loss_mask' positions (the order's tail)."""
     return loss_terms(logits, batch["target_tokens"], batch["loss_mask"], loss_config)

@@ -32,6 +32,7 @@ from ptmjax.models.gpt2 import GPT2
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
 from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.models.sentence_encoder import SentenceEncoder
+from ptmjax.models.span_bert import SpanBert
 from ptmjax.models.t5 import EncoderDecoder
 
 SEQIO = "seqio"
@@ -93,6 +94,12 @@ MASKED_LM = Family(
 MASKED_LM_WITH_SENTENCE_PAIRS = dataclasses.replace(
     MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "SentencePairFeatureConverter"),
     target_fields=("target_tokens", "loss_mask", "sentence_label"),
+)
+# SpanBERT: the module also reads each span token's boundaries and position; MLM + span boundary loss.
+SPAN_BOUNDARY_MLM = dataclasses.replace(
+    MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "SpanBoundaryFeatureConverter"),
+    init_inputs=token_inputs("input_tokens", "span_left", "span_right", "span_position"),
+    loss=losses.span_boundary_mlm_loss,
 )
 PERMUTED_LM = dataclasses.replace(
     MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "PermutedLmFeatureConverter"),
@@ -173,6 +180,7 @@ FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
     PostLNEncoder: lambda module: ENCODER_FEATURES,
     # BERT, RoBERTa, ALBERT: with a sentence-pair head (NSP / SOP) the batches carry sentence pairs.
     MaskedLMEncoder: lambda module: MASKED_LM_WITH_SENTENCE_PAIRS if module.config.pair_head else MASKED_LM,
+    SpanBert: lambda module: SPAN_BOUNDARY_MLM,
     ElectraPretraining: lambda module: REPLACED_TOKEN_DETECTION,
     EncoderForSequenceClassification: lambda module: sequence_head_family(module.num_labels),
     EncoderForTokenClassification: lambda module: TOKEN_TAGGING,
@@ -184,8 +192,8 @@ FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
 # The model classes a user builds by name: each gin-configurable as `ptmjax.models.<class name>`.
 MODEL_CLASSES: tuple[type[nn.Module], ...] = (
     EncoderDecoder, Bart, GPT2, Bert, Albert, ElectraPretraining, ElectraDiscriminator, ElectraGenerator,
-    PermutationLM, EncoderForSequenceClassification, EncoderForTokenClassification, EncoderForQuestionAnswering,
-    GPT2ForSequenceClassification,
+    PermutationLM, SpanBert, EncoderForSequenceClassification, EncoderForTokenClassification,
+    EncoderForQuestionAnswering, GPT2ForSequenceClassification,
 )
 
 

@@ -21,6 +21,7 @@ from ptmjax.models.encoder_tasks import (
 from ptmjax.models.gpt2 import GPT2, GPT2Config
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
 from ptmjax.models.permutation_lm import PermutationLM
+from ptmjax.models.span_bert import SpanBert, SpanBertOutput
 from ptmjax.models.t5 import EncoderDecoder, T5Config
 
 __all__ = [
@@ -28,5 +29,5 @@ __all__ = [
     "ElectraConfig", "ElectraDiscriminator", "ElectraGenerator", "ElectraOutput", "ElectraPretraining",
     "ElectraPretrainingConfig", "EncoderDecoder", "EncoderForQuestionAnswering", "EncoderForSequenceClassification",
     "EncoderForTokenClassification", "GPT2", "GPT2Config", "GPT2ForSequenceClassification", "MaskedLMOutput",
-    "PermutationLM", "T5Config",
+    "PermutationLM", "SpanBert", "SpanBertOutput", "T5Config",
 ]

@@ -6,6 +6,8 @@
   (BERT's next-sentence prediction, ALBERT's sentence-order prediction).
 - `DiscriminatorHead`: dense d_model -> d_model, activation, dense -> 1
   (ELECTRA's replaced-token detection).
+- `SpanBoundaryHead`: SpanBERT's span boundary objective, from the states at
+  a span's two boundary tokens and a relative position embedding.
 All logits are float32.
 """
 
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 
 from ptmjax.layers.common import DType
 from ptmjax.layers.dense import Dense
+from ptmjax.layers.embed import EMBED_INIT_STDDEV, Embed
 from ptmjax.layers.mlp import ACTIVATIONS
 from ptmjax.layers.norms import LayerNorm
 
@@ -87,3 +90,49 @@ class DiscriminatorHead(nn.Module):
         h = ACTIVATIONS[self.activation](Dense((self.d_model,), ("embed", "mlp"), name="dense", **kw)(hidden))
         logits = Dense((1,), ("mlp", "classes"), name="prediction", **kw)(h)[..., 0]  # [b, s]
         return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES[:2])
+
+
+class SpanBoundaryHead(nn.Module):
+    """SpanBERT's span boundary objective: logits [b, s, vocab] for each position from the hidden states at the
+    boundary tokens of its span and the embedding of its position in the span (Joshi et al., 2020, eq. 1-2):
+
+        h0 = [x_{s-1}; x_{e+1}; p_{i-s+1}],  h1 = LN(act(W1 h0 + b1)),  y = LN(act(W2 h1 + b2)),
+        logits = attend(y) + bias
+
+    with `attend` the tied token table (the MLM head's output embedding) and a bias of its own, as SpanBERT's code.
+    W1 is stored as [3, d_model, d_model]: the left, right and position blocks of the concatenation.
+    Relative positions run 1..max_positions (row p - 1 of the position table); other positions (0: no span
+    boundary there) read row 0 or the last row and are for the caller to weigh out.
+    """
+
+    vocab_size: int
+    embed_dim: int
+    d_model: int
+    max_positions: int
+    activation: str
+    layer_norm_epsilon: float
+    dtype: DType = jnp.float32
+    param_dtype: DType = jnp.float32
+
+    @nn.compact
+    def __call__(self, hidden: Array, left: Array, right: Array, position: Array,
+                 attend: Callable[[Array], Array]) -> Array:
+        """hidden [b, s, d_model]; left, right [b, s] indices of the boundary tokens; position [b, s] in the span."""
+        kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
+        last = hidden.shape[1] - 1
+        boundary = [jnp.take_along_axis(hidden, jnp.clip(i, 0, last)[..., None], axis=1) for i in (left, right)]
+        table = Embed(self.max_positions, self.d_model, axes=("span_position", "embed"),
+                      embedding_init=nn.initializers.normal(EMBED_INIT_STDDEV), name="position_embedder", **kw)
+        parts = jnp.stack([*boundary, table(jnp.clip(position - 1, 0, self.max_positions - 1))], axis=-2)
+        act = ACTIVATIONS[self.activation]
+        h = Dense((self.d_model,), ("span_part", "embed", "mlp"), axis=(-2, -1), use_bias=True, name="dense_1",
+                  **kw)(parts)  # [b, s, d_model]
+        h = LayerNorm(self.layer_norm_epsilon, name="layer_norm_1", **kw)(act(h))
+        h = Dense((self.embed_dim,), ("mlp", "embed"), use_bias=True, name="dense_2", **kw)(h)
+        h = LayerNorm(self.layer_norm_epsilon, name="layer_norm_2", **kw)(act(h))  # [b, s, E]
+        bias = self.param(
+            "bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (self.vocab_size,),
+            self.param_dtype,
+        )
+        logits = attend(h) + jnp.asarray(bias, self.dtype)
+        return nn.with_logical_constraint(logits.astype(jnp.float32), LOGIT_AXES)

@@ -18,7 +18,9 @@ a budget of round(select_rate * num_eligible) (at least 1) is selected:
 Each selected token then becomes `mask_id` with probability mask_rate (0.8), a
 uniformly random regular token with probability random_rate (0.1), and stays
 unchanged otherwise. Outputs: 'inputs' (corrupted), 'targets' (original) and
-'loss_mask' (int32, 1 on the selected positions), all of the same length. The
+'loss_mask' (int32, 1 on the selected positions), all of the same length; with
+`span_boundaries`, also SpanBERT's 'span_left', 'span_right' and 'span_position'
+(ptmjax/objectives/span_boundaries.py), which its span boundary objective reads. The
 masks are drawn from seqio's per-example seeds, so every epoch (every pass of a
 repeated dataset) masks differently (dynamic masking).
 
@@ -36,7 +38,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from ptmjax.objectives import common
+from ptmjax.objectives import common, span_boundaries
 
 MASKING_KINDS = ("token", "whole_word", "span")
 SPAN_LENGTH_TAILS = ("renormalize", "clip")
@@ -82,6 +84,8 @@ class MaskedLMOptions:
     max_span_length: longest span, in units ('span'; SpanBERT: 10).
     span_length_tail: 'renormalize' (SpanBERT's code) or 'clip' the geometric at max_span_length.
     whole_word_spans: spans count words (SpanBERT) rather than tokens ('span').
+    span_boundaries: also emit each selected token's span boundaries and position in its span, the features
+      of SpanBERT's span boundary objective (ptmjax/objectives/span_boundaries.py).
     """
 
     masking: str = "token"
@@ -90,6 +94,7 @@ class MaskedLMOptions:
     max_span_length: int = 10
     span_length_tail: str = "renormalize"
     whole_word_spans: bool = True
+    span_boundaries: bool = False
 
     def __post_init__(self) -> None:
         if self.masking not in MASKING_KINDS:
@@ -272,24 +277,27 @@ def mask_sequence(
 
 @seqio.map_over_dataset(num_seeds=3)
 def _mask(
-    features: Mapping[str, tf.Tensor], seeds: Sequence[tf.Tensor], *, append_eos: bool, **options
+    features: Mapping[str, tf.Tensor], seeds: Sequence[tf.Tensor], *, append_eos: bool, with_boundaries: bool,
+    **options,
 ) -> dict[str, tf.Tensor]:
     tokens = features["targets"]
     if append_eos:
         tokens = tf.concat([tokens, tf.constant([common.EOS_ID], tokens.dtype)], axis=0)
     inputs, selected = mask_sequence(tokens, seeds, **options)
-    return {"inputs": inputs, "targets": tokens, LOSS_MASK_KEY: tf.cast(selected, tf.int32)}
+    boundaries = span_boundaries.span_boundaries(selected) if with_boundaries else {}
+    return {"inputs": inputs, "targets": tokens, LOSS_MASK_KEY: tf.cast(selected, tf.int32), **boundaries}
 
 
 def mask_tokens(
     dataset: tf.data.Dataset, vocabulary: seqio.Vocabulary, options: MaskedLMOptions, append_eos: bool = False
 ) -> tf.data.Dataset:
-    """{'targets': tokens} -> {'inputs', 'targets', 'loss_mask'} (see the module doc)."""
+    """{'targets': tokens} -> {'inputs', 'targets', 'loss_mask'} (and the span boundaries if asked; module doc)."""
     return _mask(
         dataset,
         word_starts=word_start_table(vocabulary) if options.uses_words() else None,
         sentinel_start=common.sentinel_start(vocabulary),
         append_eos=append_eos,
+        with_boundaries=options.span_boundaries,
         select_rate=options.rates.select_rate,
         masking=options.masking,
         span_probabilities=options.span_probabilities() if options.masking == "span" else None,
