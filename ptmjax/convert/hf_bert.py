@@ -1,7 +1,9 @@
 """Hugging Face BERT / RoBERTa <-> ptmjax: configs and state dicts (weights as numpy arrays).
 
 Families and HF classes: BERT with the NSP head <-> BertForPreTraining,
-BERT without it <-> BertForMaskedLM, RoBERTa <-> RobertaForMaskedLM.
+BERT without it <-> BertForMaskedLM, RoBERTa <-> RobertaForMaskedLM,
+XLM-R <-> XLMRobertaForMaskedLM (RoBERTa's architecture and `roberta.` keys,
+kept apart by `hf_model_type='xlm-roberta'`).
 The MLM decoder weight is tied to the word embedding and its bias to the head's bias.
 Tensor layouts: see hf_encoder.py.
 """
@@ -31,31 +33,45 @@ from ptmjax.models.bert import Bert, BertConfig
 HEADS = {
     "bert": {"BertForPreTraining": Head(Bert, {"nsp_head": True}), "BertForMaskedLM": Head(Bert, {"nsp_head": False})},
     "roberta": {"RobertaForMaskedLM": Head(Bert, {"nsp_head": False})},
+    "xlm-roberta": {"XLMRobertaForMaskedLM": Head(Bert, {"nsp_head": False})},
 }
 BASE_MODELS = {"BertModel": BaseModel("BertForPreTraining", "bert."),
-               "RobertaModel": BaseModel("RobertaForMaskedLM", "roberta.")}
+               "RobertaModel": BaseModel("RobertaForMaskedLM", "roberta."),
+               "XLMRobertaModel": BaseModel("XLMRobertaForMaskedLM", "roberta.")}
 
 FAMILY_DEFAULTS = {  # model_type -> what the HF family fixes
     "bert": {"positions_after_padding": False, "pad_token_id": 0, "nsp_head": True},
     "roberta": {"positions_after_padding": True, "pad_token_id": 1, "nsp_head": False},
+    "xlm-roberta": {"positions_after_padding": True, "pad_token_id": 1, "nsp_head": False},
+}
+HF_NAMES = {  # model_type -> (name in errors, transformers config class, MLM class)
+    "bert": ("BERT", "BertConfig", "BertForMaskedLM"),
+    "roberta": ("RoBERTa", "RobertaConfig", "RobertaForMaskedLM"),
+    "xlm-roberta": ("XLM-R", "XLMRobertaConfig", "XLMRobertaForMaskedLM"),
 }
 
 
 def family(config: BertConfig) -> str:
-    """'roberta' when positions count from after the padding id, else 'bert'."""
+    """'xlm-roberta' for XLM-R, 'roberta' when positions count from after the padding id, else 'bert'."""
+    if config.hf_model_type is not None:
+        return config.hf_model_type
     return "roberta" if config.positions_after_padding else "bert"
 
+
+def _key_prefix(config: BertConfig) -> str:
+    """Where transformers keeps the backbone: 'bert', or 'roberta' (RoBERTa and XLM-R)."""
+    return "bert" if family(config) == "bert" else "roberta"
 
 def from_hf_config(
     hf_config: Any, nsp_head: bool | None = None, dtype: str = "float32", param_dtype: str = "float32"
 ) -> BertConfig:
-    """transformers.BertConfig / RobertaConfig (or a config.json dict) -> BertConfig.
+    """transformers.BertConfig / RobertaConfig / XLMRobertaConfig (or a config.json dict) -> BertConfig.
 
-    nsp_head: None takes the family's pre-training head (BERT: pooler + NSP; RoBERTa: MLM only).
+    nsp_head: None takes the family's pre-training head (BERT: pooler + NSP; RoBERTa, XLM-R: MLM only).
     Unsupported values raise naming the field.
     """
     model_type = require(hf_config, "BERT", "model_type", list(FAMILY_DEFAULTS), "bert")
-    fields = encoder_fields(hf_config, "BERT" if model_type == "bert" else "RoBERTa")
+    fields = encoder_fields(hf_config, HF_NAMES[model_type][0])
     defaults = FAMILY_DEFAULTS[model_type]
     pad = field(hf_config, "pad_token_id", defaults["pad_token_id"])
     return BertConfig(
@@ -65,26 +81,26 @@ def from_hf_config(
         nsp_head=defaults["nsp_head"] if nsp_head is None else nsp_head,
         dtype=dtype,
         param_dtype=param_dtype,
+        hf_model_type="xlm-roberta" if model_type == "xlm-roberta" else None,
     )
 
 
 def to_hf_config(config: BertConfig) -> Any:
-    """BertConfig -> transformers.BertConfig or RobertaConfig (needs transformers installed)."""
+    """BertConfig -> transformers.BertConfig, RobertaConfig or XLMRobertaConfig (needs transformers installed)."""
     import transformers
 
     refuse_unless(config, "BERT", embedding_size=(None,), num_layer_groups=(None, config.num_layers))
-    if family(config) == "roberta":
-        return transformers.RobertaConfig(**hf_encoder_kwargs(config))
-    return transformers.BertConfig(**hf_encoder_kwargs(config))
+    return getattr(transformers, HF_NAMES[family(config)][1])(**hf_encoder_kwargs(config))
 
 
 def hf_class_name(config: BertConfig) -> str:
     """The transformers class holding exactly this model's parameters."""
-    if family(config) == "roberta":
+    name, _, mlm_class = HF_NAMES[family(config)]
+    if family(config) != "bert":
         if config.nsp_head:
-            raise ValueError("RoBERTa has no NSP head in transformers; build it with BertConfig(nsp_head=False).")
-        return "RobertaForMaskedLM"
-    return "BertForPreTraining" if config.nsp_head else "BertForMaskedLM"
+            raise ValueError(f"{name} has no NSP head in transformers; build it with BertConfig(nsp_head=False).")
+        return mlm_class
+    return "BertForPreTraining" if config.nsp_head else mlm_class
 
 
 def build_hf_model(config: BertConfig) -> Any:
@@ -95,26 +111,26 @@ def build_hf_model(config: BertConfig) -> Any:
 
 
 def layout(config: BertConfig) -> HFLayout:
-    """Where BERT (`bert.` keys) or RoBERTa (`roberta.` keys) keeps the backbone."""
-    base = family(config)
+    """Where BERT (`bert.` keys) or RoBERTa and XLM-R (`roberta.` keys) keep the backbone."""
+    base = _key_prefix(config)
     return HFLayout(embeddings=f"{base}.embeddings", layer=f"{base}.encoder.layer.{{}}", **BERT_LAYER_NAMES)
 
 
 def _rules(config: BertConfig) -> list[Rule]:
     rules = backbone_rules(config, layout(config))
-    if family(config) == "roberta":
+    if family(config) != "bert":
         rules += mlm_head_rules("lm_head.dense", "lm_head.layer_norm", "lm_head.bias")
     else:
         rules += mlm_head_rules("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
                                 "cls.predictions.bias")
     if config.nsp_head:
-        rules += pair_head_rules(f"{family(config)}.pooler.dense", "cls.seq_relationship")
+        rules += pair_head_rules(f"{_key_prefix(config)}.pooler.dense", "cls.seq_relationship")
     return rules
 
 
 def _tied_keys(config: BertConfig) -> dict[str, str]:
     """HF keys that are tied copies -> the key they copy."""
-    base = family(config)
+    base = _key_prefix(config)
     head = "lm_head" if base == "roberta" else "cls.predictions"
     return {
         f"{head}.decoder.weight": f"{base}.embeddings.word_embeddings.weight",

@@ -12,6 +12,12 @@ input embedding (checkpoints with a distinct `lm_head` are untied on load).
 `build_hf_model` gives an untied config its own `lm_head`, as T5 v1.1 has.
 A checkpoint saved tied and unscaled (no `lm_head.weight`) imports with the
 shared embedding copied into `logits_dense`.
+
+mT5 (model_type 'mt5', MT5ForConditionalGeneration) is T5 v1.1 with the same
+keys; transformers 5's MT5Config forces `tie_word_embeddings=True` and never
+scales the output, so an mT5 imports untied (`hf_model_type='mt5'`) whatever
+its config says, and exports with its own `lm_head.weight`, which
+transformers keeps untied on load.
 """
 
 from __future__ import annotations
@@ -26,8 +32,11 @@ from ptmjax.convert.hf_heads import BaseModel, Head
 from ptmjax.convert.state_dict import Params, field, one_to_one, rules_to_params
 from ptmjax.models.t5 import EncoderDecoder, T5Config
 
-HEADS = {"t5": {"T5ForConditionalGeneration": Head(EncoderDecoder)}}
-BASE_MODELS = {"T5Model": BaseModel("T5ForConditionalGeneration", "")}
+HEADS = {"t5": {"T5ForConditionalGeneration": Head(EncoderDecoder)},
+         "mt5": {"MT5ForConditionalGeneration": Head(EncoderDecoder)}}
+BASE_MODELS = {"T5Model": BaseModel("T5ForConditionalGeneration", ""),
+               "MT5Model": BaseModel("MT5ForConditionalGeneration", "")}
+FAMILIES = {"t5": ("T5Config", "T5ForConditionalGeneration"), "mt5": ("MT5Config", "MT5ForConditionalGeneration")}
 
 FEED_FORWARD_PROJ = {"relu": ("relu",), "gated-gelu": ("gelu", "linear")}
 # Keys HF stores that carry no information of their own (tied copies, unused weights).
@@ -39,15 +48,15 @@ IGNORED_HF_KEYS = (
 Rule = tuple[str, tuple[str, ...], Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
 
 
-def from_hf_config(hf_config: Any, dtype: str = "float32", param_dtype: str = "float32") -> T5Config:
-    """transformers.T5Config (or its config.json dict) -> T5Config."""
-    proj = field(hf_config, "feed_forward_proj", "relu")
-    if proj not in FEED_FORWARD_PROJ:
-        raise ValueError(
-            f"unsupported Hugging Face T5 feed_forward_proj={proj!r}; supported: {sorted(FEED_FORWARD_PROJ)}."
-        )
-    if field(hf_config, "is_encoder_decoder", True) is not True:
-        raise ValueError("unsupported Hugging Face T5 is_encoder_decoder=False; only encoder-decoder T5 converts.")
+def family(config: T5Config) -> str:
+    """'mt5' for an mT5 config, else 't5'."""
+    return config.hf_model_type or "t5"
+
+
+def _tied(hf_config: Any) -> bool:
+    """Whether the output layer is the shared embedding scaled by d_model**-0.5 (T5 v1.0)."""
+    if field(hf_config, "model_type", "t5") == "mt5":
+        return False
     tied = bool(field(hf_config, "tie_word_embeddings", True))
     scaled = field(hf_config, "scale_decoder_outputs", None)  # transformers >= 5
     if scaled is not None:
@@ -57,6 +66,21 @@ def from_hf_config(hf_config: Any, dtype: str = "float32", param_dtype: str = "f
                 "ptmjax scales logits by d_model**-0.5 only when embeddings are tied."
             )
         tied = bool(scaled)
+    return tied
+
+
+def from_hf_config(hf_config: Any, dtype: str = "float32", param_dtype: str = "float32") -> T5Config:
+    """transformers.T5Config / MT5Config (or its config.json dict) -> T5Config."""
+    model_type = field(hf_config, "model_type", "t5")
+    if model_type not in FAMILIES:
+        raise ValueError(f"unsupported Hugging Face T5 model_type={model_type!r}; supported: {sorted(FAMILIES)}.")
+    proj = field(hf_config, "feed_forward_proj", "relu")
+    if proj not in FEED_FORWARD_PROJ:
+        raise ValueError(
+            f"unsupported Hugging Face T5 feed_forward_proj={proj!r}; supported: {sorted(FEED_FORWARD_PROJ)}."
+        )
+    if field(hf_config, "is_encoder_decoder", True) is not True:
+        raise ValueError("unsupported Hugging Face T5 is_encoder_decoder=False; only encoder-decoder T5 converts.")
     num_layers = field(hf_config, "num_layers")
     return T5Config(
         vocab_size=field(hf_config, "vocab_size"),
@@ -67,18 +91,19 @@ def from_hf_config(hf_config: Any, dtype: str = "float32", param_dtype: str = "f
         num_encoder_layers=num_layers,
         num_decoder_layers=field(hf_config, "num_decoder_layers") or num_layers,
         ffn_activations=FEED_FORWARD_PROJ[proj],
-        tie_embeddings=tied,
+        tie_embeddings=_tied(hf_config),
         dropout_rate=float(field(hf_config, "dropout_rate", 0.1)),
         relative_attention_num_buckets=field(hf_config, "relative_attention_num_buckets", 32),
         relative_attention_max_distance=field(hf_config, "relative_attention_max_distance", 128),
         layer_norm_epsilon=float(field(hf_config, "layer_norm_epsilon", 1e-6)),
         dtype=dtype,
         param_dtype=param_dtype,
+        hf_model_type=None if model_type == "t5" else model_type,
     )
 
 
 def to_hf_config(config: T5Config) -> Any:
-    """T5Config -> transformers.T5Config (needs transformers installed)."""
+    """T5Config -> transformers.T5Config or MT5Config (needs transformers installed)."""
     import transformers
 
     if config.num_experts:
@@ -92,7 +117,7 @@ def to_hf_config(config: T5Config) -> Any:
             f"ffn_activations={config.ffn_activations} has no Hugging Face T5 equivalent; "
             f"supported: {sorted(FEED_FORWARD_PROJ.values())}."
         )
-    hf = transformers.T5Config(
+    hf = getattr(transformers, FAMILIES[family(config)][0])(
         vocab_size=config.vocab_size,
         d_model=config.d_model,
         d_kv=config.head_dim,
@@ -111,7 +136,7 @@ def to_hf_config(config: T5Config) -> Any:
 
 
 def build_hf_model(config: T5Config) -> Any:
-    """A randomly initialised transformers T5ForConditionalGeneration with the architecture of `config`.
+    """A randomly initialised transformers (M)T5ForConditionalGeneration with the architecture of `config`.
 
     Works under `with torch.device('meta')` (for counting parameters). Untied
     configs get an `lm_head` separate from the shared input embedding.
@@ -119,7 +144,7 @@ def build_hf_model(config: T5Config) -> Any:
     import torch
     import transformers
 
-    model = transformers.T5ForConditionalGeneration(to_hf_config(config))
+    model = getattr(transformers, FAMILIES[family(config)][1])(to_hf_config(config))
     if not config.tie_embeddings and model.lm_head.weight is model.shared.weight:
         model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.shared.weight))
         torch.nn.init.normal_(model.lm_head.weight, mean=0.0, std=1.0)  # HF's init for an untied lm_head

@@ -1,6 +1,6 @@
 """Hugging Face fine-tuning classes <-> ptmjax task models: configs and state dicts (weights as numpy arrays).
 
-Classes: {Bert, Roberta, Albert, Electra}For{SequenceClassification,
+Classes: {Bert, Roberta, XLMRoberta, Albert, Electra}For{SequenceClassification,
 TokenClassification, QuestionAnswering} <-> EncoderFor... on the family's
 config, and GPT2ForSequenceClassification <-> GPT2ForSequenceClassification.
 The backbone converts with its family's rules (hf_bert, hf_albert,
@@ -40,7 +40,8 @@ TASK_MODELS = {
     "TokenClassification": EncoderForTokenClassification,
     "QuestionAnswering": EncoderForQuestionAnswering,
 }
-ENCODER_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert", "electra": "Electra"}
+ENCODER_PREFIXES = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "albert": "Albert",
+                    "electra": "Electra"}
 POOLERS = {"bert": "bert.pooler.dense", "albert": "albert.pooler"}
 GPT2_CLASS = "GPT2ForSequenceClassification"
 PROBLEM_TYPES = (None, "regression", "single_label_classification")

@@ -26,9 +26,21 @@ class BertConfig(EncoderConfig):
     """Hyper-parameters of a BERT or RoBERTa encoder (fields of `EncoderConfig`, plus the head switch).
 
     nsp_head: build the tanh pooler on the first token and the next-sentence head.
+    hf_model_type: 'xlm-roberta' for XLM-R (RoBERTa over a 250k-piece multilingual vocabulary), which
+      Hugging Face exports as XLMRobertaForMaskedLM; None: BERT or RoBERTa. It changes nothing computed.
     """
 
     nsp_head: bool = True
+    hf_model_type: str | None = dataclasses.field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.hf_model_type not in (None, "xlm-roberta"):
+            raise ValueError(f"BertConfig.hf_model_type={self.hf_model_type!r} is unknown; use None (BERT, "
+                             "RoBERTa) or 'xlm-roberta'.")
+        if self.hf_model_type == "xlm-roberta" and not self.positions_after_padding:
+            raise ValueError("BertConfig.hf_model_type='xlm-roberta' is RoBERTa's architecture: set "
+                             "positions_after_padding=True.")
 
     @property
     def pair_head(self) -> bool:

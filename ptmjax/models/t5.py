@@ -49,6 +49,8 @@ class T5Config(MoeConfig, ModelConfig):
     Mixture-of-Experts (num_experts, moe_every, moe_top_k, capacity factors, aux loss
     weights, jitter; ptmjax/layers/moe.py's MoeConfig) are keyword-only options shared
     with GPT2Config.
+    hf_model_type: 'mt5' for mT5 (T5 v1.1 over a 250k-piece multilingual vocabulary), which
+      Hugging Face exports as MT5ForConditionalGeneration; None: T5. It changes nothing computed.
     """
 
     vocab_size: int
@@ -63,9 +65,15 @@ class T5Config(MoeConfig, ModelConfig):
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     dropout_rate: float = dataclasses.field(kw_only=True)
+    hf_model_type: str | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ffn_activations", tuple(self.ffn_activations))
+        if self.hf_model_type not in (None, "mt5"):
+            raise ValueError(f"T5Config.hf_model_type={self.hf_model_type!r} is unknown; use None (T5) or 'mt5'.")
+        if self.hf_model_type == "mt5" and self.tie_embeddings:
+            raise ValueError("T5Config.hf_model_type='mt5' has its own unscaled output layer, as T5 v1.1: set "
+                             "tie_embeddings=False.")
         check_positive_ints(
             self, "vocab_size", "d_model", "num_heads", "head_dim", "d_ff", "num_encoder_layers",
             "num_decoder_layers", "relative_attention_num_buckets", "relative_attention_max_distance",

@@ -1,4 +1,4 @@
-"""BERT / RoBERTa parity with Hugging Face transformers (random tiny models) and lossless conversion.
+"""BERT / RoBERTa / XLM-R parity with Hugging Face transformers (random tiny models) and lossless conversion.
 
 Inputs are padded (BERT pads with 0, RoBERTa with 1, which also shifts RoBERTa's
 positions) and carry two token types; padded positions are not compared.
@@ -39,6 +39,7 @@ CONFIGS = {
     "bert_mlm_odd_heads_3": dataclasses.replace(BERT, d_model=24, num_heads=3, d_ff=40, nsp_head=False, num_layers=3),
     "roberta": ROBERTA,
     "roberta_odd_heads_5_tanh_gelu": dataclasses.replace(ROBERTA, d_model=40, num_heads=5, activation="gelu"),
+    "xlm_roberta": dataclasses.replace(ROBERTA, hf_model_type="xlm-roberta"),  # XLMRobertaForMaskedLM
 }
 
 

@@ -1,4 +1,4 @@
-"""Logit parity with Hugging Face transformers T5, and lossless weight conversion both ways.
+"""Logit parity with Hugging Face transformers T5 and mT5, and lossless weight conversion both ways.
 
 Reference models are built from configs with random weights (nothing is
 downloaded); padded positions are excluded from the comparison.
@@ -31,6 +31,9 @@ CONFIGS = {
     "v1_1_gated_gelu_untied": dataclasses.replace(BASE, ffn_activations=("gelu", "linear"), tie_embeddings=False),
     "odd_heads_inner_dim_ne_d_model": dataclasses.replace(
         BASE, num_heads=3, head_dim=12, ffn_activations=("gelu", "linear"), tie_embeddings=False
+    ),
+    "mt5": dataclasses.replace(  # MT5ForConditionalGeneration
+        BASE, ffn_activations=("gelu", "linear"), tie_embeddings=False, hf_model_type="mt5"
     ),
 }
 
