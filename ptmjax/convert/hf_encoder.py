@@ -112,10 +112,14 @@ def backbone_rules(config: EncoderConfig, layout: HFLayout) -> list[Rule]:
     """Embeddings, the projection (when factorized) and every layer parameter set."""
     e, h, d = config.d_model, config.num_heads, config.head_dim
     hf_emb, emb = layout.embeddings, ("embeddings",)
+    token_types = (  # MPNet has none
+        [one_to_one(f"{hf_emb}.token_type_embeddings.weight", (*emb, "token_type_embedder", "embedding"))]
+        if config.type_vocab_size else []
+    )
     rules = [
         one_to_one(f"{hf_emb}.word_embeddings.weight", (*emb, "token_embedder", "embedding")),
         one_to_one(f"{hf_emb}.position_embeddings.weight", (*emb, "position_embedder", "embedding")),
-        one_to_one(f"{hf_emb}.token_type_embeddings.weight", (*emb, "token_type_embedder", "embedding")),
+        *token_types,
         *norm_rules(f"{hf_emb}.LayerNorm", (*emb, "layer_norm")),
     ]
     if config.embedding_size is not None:

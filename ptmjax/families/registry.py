@@ -30,6 +30,7 @@ from ptmjax.models.encoder_tasks import (
 from ptmjax.models.flops import t5_training_flops
 from ptmjax.models.gpt2 import GPT2
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
+from ptmjax.models.mpnet import MPNet, MPNetPretraining
 from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.models.sentence_encoder import SentenceEncoder
 from ptmjax.models.span_bert import SpanBert
@@ -57,6 +58,11 @@ def encoder_decoder_stack(module: nn.Module) -> ProbedStack:
 
 def t5_flops(module: nn.Module, batch_size: int, lengths: Mapping[str, int]) -> float:
     return t5_training_flops(module.config, batch_size, lengths["inputs"], lengths["targets"])
+
+
+def mpnet_encoder(module: nn.Module, params: Any) -> dict[str, tuple[nn.Module, Any]]:
+    """MPNet's two-stream pre-training model is exported as the encoder it runs (the same parameters)."""
+    return {"": (MPNet(module.config), params)}
 
 
 def electra_parts(module: nn.Module, params: Any) -> dict[str, tuple[nn.Module, Any]]:
@@ -105,6 +111,13 @@ PERMUTED_LM = dataclasses.replace(
     MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "PermutedLmFeatureConverter"),
     init_inputs=token_inputs("input_tokens", "permutation_rank"), loss=losses.permuted_lm_loss,
     target_logits=lambda outputs: outputs, probed_stack=None, cloze_logits=None,
+)
+# MPNet: two streams over a permuted row; the module finds the queries' mask tokens from their weights.
+MASKED_PERMUTED_LM = dataclasses.replace(
+    MASKED_LM, converter=ConverterName("ptmjax.data.masked_permuted_lm_converter", "MaskedPermutedLmFeatureConverter"),
+    init_inputs=token_inputs("input_tokens", "positions", "loss_mask"), target_fields=("target_tokens",),
+    loss=losses.permuted_lm_loss, target_logits=lambda outputs: outputs, probed_stack=None, cloze_logits=None,
+    parts=mpnet_encoder,
 )
 # The module reads the original tokens and the MLM selection itself; its generator samples from 'sample'.
 REPLACED_TOKEN_DETECTION = dataclasses.replace(
@@ -177,6 +190,7 @@ FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
     EncoderDecoder: lambda module: T5_SEQUENCE_TO_SEQUENCE,
     GPT2: lambda module: DECODER_ONLY,
     PermutationLM: lambda module: PERMUTED_LM,
+    MPNetPretraining: lambda module: MASKED_PERMUTED_LM,
     PostLNEncoder: lambda module: ENCODER_FEATURES,
     # BERT, RoBERTa, ALBERT: with a sentence-pair head (NSP / SOP) the batches carry sentence pairs.
     MaskedLMEncoder: lambda module: MASKED_LM_WITH_SENTENCE_PAIRS if module.config.pair_head else MASKED_LM,
@@ -194,6 +208,7 @@ MODEL_CLASSES: tuple[type[nn.Module], ...] = (
     EncoderDecoder, Bart, GPT2, Bert, Albert, ElectraPretraining, ElectraDiscriminator, ElectraGenerator,
     PermutationLM, SpanBert, EncoderForSequenceClassification, EncoderForTokenClassification,
     EncoderForQuestionAnswering, GPT2ForSequenceClassification,
+    MPNet, MPNetPretraining,
 )
 
 

@@ -20,6 +20,7 @@ from ptmjax.models.encoder_tasks import (
 )
 from ptmjax.models.gpt2 import GPT2, GPT2Config
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
+from ptmjax.models.mpnet import MPNet, MPNetConfig, MPNetPretraining
 from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.models.span_bert import SpanBert, SpanBertOutput
 from ptmjax.models.t5 import EncoderDecoder, T5Config
@@ -29,5 +30,6 @@ __all__ = [
     "ElectraConfig", "ElectraDiscriminator", "ElectraGenerator", "ElectraOutput", "ElectraPretraining",
     "ElectraPretrainingConfig", "EncoderDecoder", "EncoderForQuestionAnswering", "EncoderForSequenceClassification",
     "EncoderForTokenClassification", "GPT2", "GPT2Config", "GPT2ForSequenceClassification", "MaskedLMOutput",
+    "MPNet", "MPNetConfig", "MPNetPretraining",
     "PermutationLM", "SpanBert", "SpanBertOutput", "T5Config",
 ]

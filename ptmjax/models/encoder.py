@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.layers.attention import MultiHeadAttention
-from ptmjax.layers.attention_mask import AttentionMask, encoder_attention_mask
+from ptmjax.layers.attention_mask import AttentionMask, encoder_attention_mask, mask_to_bias
 from ptmjax.layers.batch_broadcast import broadcast_batch
 from ptmjax.layers.common import HIDDEN_AXES, dtype_kwargs
 from ptmjax.layers.dense import Dense
@@ -50,6 +50,7 @@ class EncoderConfig(ModelConfig):
     num_layer_groups: cross-layer parameter sharing (ALBERT's num_hidden_groups):
       the layers form this many consecutive groups, each group one set of
       parameters (1 = all layers share one); None = every layer its own.
+    type_vocab_size: rows of the token-type table; 0: none, and no token types taken (MPNet).
     positions_after_padding: RoBERTa position ids, counting non-padding tokens
       from pad_token_id + 1 (as Hugging Face computes them).
     activation: 'gelu_exact' (erf, HF 'gelu') or 'gelu' (tanh, HF 'gelu_new'), 'relu', 'silu'.
@@ -76,7 +77,8 @@ class EncoderConfig(ModelConfig):
     def __post_init__(self) -> None:
         owner = type(self).__name__
         check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_length")
-        check_positive_ints(self, "type_vocab_size")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"{owner}.type_vocab_size={self.type_vocab_size} must be 0 (no token types) or more.")
         check_heads_divide(self)
         check_activation(self)
         if self.embedding_size is not None:
@@ -166,21 +168,30 @@ class Embeddings(nn.Module):
         table_init = nn.initializers.normal(EMBED_INIT_STDDEV)
         self.token_embedder = Embed(c.vocab_size, c.embed_dim, embedding_init=table_init, **dtype_kwargs(c))
         self.position_embedder = position_embedder(c.max_length, c.embed_dim, EMBED_INIT_STDDEV, **dtype_kwargs(c))
-        self.token_type_embedder = Embed(
-            c.type_vocab_size, c.embed_dim, axes=("token_type", "embed"), embedding_init=table_init, **dtype_kwargs(c)
-        )
+        if c.type_vocab_size:
+            self.token_type_embedder = Embed(
+                c.type_vocab_size, c.embed_dim, axes=("token_type", "embed"), embedding_init=table_init,
+                **dtype_kwargs(c),
+            )
         self.layer_norm = LayerNorm(c.layer_norm_epsilon, **dtype_kwargs(c))
         self.dropout = nn.Dropout(c.dropout_rate)
 
-    def __call__(self, input_tokens: Array, token_type_ids: Array | None, enable_dropout: bool = False) -> Array:
+    def __call__(
+        self, input_tokens: Array, token_type_ids: Array | None, enable_dropout: bool = False,
+        position_ids: Array | None = None,
+    ) -> Array:
+        """position_ids [b, s]: rows of the position table (MPNet's permuted order); None: the config's positions."""
         c = self.config
-        if c.positions_after_padding:
-            positions = positions_after_padding(input_tokens, c.pad_token_id)  # [b, s]
-        else:
-            positions = sequential_positions(input_tokens)  # [1, s]
-        types = jnp.zeros_like(input_tokens) if token_type_ids is None else token_type_ids
-        position_vectors = broadcast_batch(self.position_embedder(positions), input_tokens.shape[0])
-        x = self.token_embedder(input_tokens) + self.token_type_embedder(types) + position_vectors
+        if position_ids is None and c.positions_after_padding:
+            position_ids = positions_after_padding(input_tokens, c.pad_token_id)  # [b, s]
+        elif position_ids is None:
+            position_ids = sequential_positions(input_tokens)  # [1, s]
+        x = self.token_embedder(input_tokens)
+        if c.type_vocab_size:
+            x = x + self.token_type_embedder(jnp.zeros_like(input_tokens) if token_type_ids is None else token_type_ids)
+        elif token_type_ids is not None:
+            raise ValueError(f"{type(c).__name__}.type_vocab_size=0 has no token types; pass token_type_ids=None.")
+        x = x + broadcast_batch(self.position_embedder(position_ids), len(input_tokens))
         return self.dropout(self.layer_norm(x), deterministic=not enable_dropout)  # [b, s, embed_dim]
 
     def attend(self, query: Array) -> Array:
@@ -233,8 +244,14 @@ class PostLNEncoder(nn.Module):
             self.embedding_projection = Dense((c.d_model,), ("mlp", "embed"), use_bias=True, **dtype_kwargs(c))
 
     @nn.compact
-    def encode(self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False) -> Array:
-        """input_tokens [b, s] int, token_type_ids [b, s] (default 0) -> final hidden states [b, s, d_model]."""
+    def encode(
+        self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False,
+        attention: Array | None = None,
+    ) -> Array:
+        """input_tokens [b, s] int, token_type_ids [b, s] (default 0) -> final hidden states [b, s, d_model].
+
+        attention: bool [b, 1, s, s], the keys each query may attend (UniLM's masks); None: every real token.
+        """
         c = self.config
         if input_tokens.ndim != 2 or not jnp.issubdtype(input_tokens.dtype, jnp.integer):
             raise ValueError(
@@ -246,9 +263,11 @@ class PostLNEncoder(nn.Module):
             )
         check_length(input_tokens.shape[1], c.max_sequence_length, type(self).__name__)
         x = self.embedded(input_tokens, token_type_ids, enable_dropout)
+        mask = (self.attention_mask(input_tokens, x.dtype) if attention is None
+                else AttentionMask(mask_to_bias(attention, x.dtype)).for_kernel(c.attention_kernel, x.dtype))
         return apply_layers(
-            PostLNLayer, c, c.layer_groups, x, self.attention_mask(input_tokens, x.dtype),
-            enable_dropout=enable_dropout, repeats=c.num_layers // c.layer_groups,
+            PostLNLayer, c, c.layer_groups, x, mask, enable_dropout=enable_dropout,
+            repeats=c.num_layers // c.layer_groups,
         )
 
     def embedded(self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False) -> Array:

@@ -17,6 +17,9 @@
   (`objectives.sentence_pairs`).
 * 'ptmjax_stdlib_permuted_lm': XLNet's permuted LM (`objectives.permuted_lm`):
   'inputs', 'targets', 'loss_mask', 'permutation_rank'.
+* 'ptmjax_stdlib_masked_permuted_lm': MPNet's masked and permuted LM
+  (`objectives.masked_permuted_lm`): 'inputs', 'positions' (the content
+  stream), 'targets', 'loss_mask' (one per prediction).
 * 'ptmjax_c4_span_corruption': span corruption over TFDS 'c4/en:3.1.0', for
   users who have prepared C4 in their TFDS data dir (nothing is read or
   downloaded when it is registered).
@@ -40,7 +43,14 @@ import seqio
 import tensorflow as tf
 
 from ptmjax.data import corpus, document_pieces, text_files, vocabularies
-from ptmjax.objectives import language_modeling, masked_lm, permuted_lm, sentence_pairs, span_corruption
+from ptmjax.objectives import (
+    language_modeling,
+    masked_lm,
+    masked_permuted_lm,
+    permuted_lm,
+    sentence_pairs,
+    span_corruption,
+)
 from ptmjax.tasks import registry
 
 STDLIB_TASK = "ptmjax_stdlib_span_corruption"
@@ -49,6 +59,7 @@ STDLIB_MLM_TASK = "ptmjax_stdlib_mlm"
 STDLIB_NSP_TASK = "ptmjax_stdlib_mlm_nsp"
 STDLIB_SOP_TASK = "ptmjax_stdlib_mlm_sop"
 STDLIB_PERMUTED_LM_TASK = "ptmjax_stdlib_permuted_lm"
+STDLIB_MASKED_PERMUTED_LM_TASK = "ptmjax_stdlib_masked_permuted_lm"
 STDLIB_BYTE_TASK = "ptmjax_stdlib_span_corruption_byte"
 C4_TASK = "ptmjax_c4_span_corruption"
 PRETRAIN_MIXTURE = "ptmjax_pretrain"
@@ -126,6 +137,8 @@ def register_defaults() -> None:
                            sentencepiece)
     registry.register_task(STDLIB_PERMUTED_LM_TASK, stdlib_source,
                            preprocessors(permuted_lm.permuted_lm, append_eos=False), sentencepiece)
+    registry.register_task(STDLIB_MASKED_PERMUTED_LM_TASK, stdlib_source,
+                           preprocessors(masked_permuted_lm.masked_permuted_lm, append_eos=False), sentencepiece)
     for task, kind in ((STDLIB_NSP_TASK, "nsp"), (STDLIB_SOP_TASK, "sop")):
         pairs = functools.partial(sentence_pairs.sentence_pair_mlm, kind=kind)
         registry.register_task(task, stdlib_source, preprocessors(pairs, append_eos=False), sentencepiece)
