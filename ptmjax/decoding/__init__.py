@@ -7,11 +7,13 @@ beam_search.py) see only first logits, a cache and a step function, so a new
 algorithm needs no model code, and a new family only a prefill.
 """
 
+from ptmjax.decoding.blank_infilling import blank_infilling_prefill
 from ptmjax.decoding.config import DecodeConfig, DecodeOutput
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.decoding.predict import predict
 from ptmjax.decoding.prefill import decoder_only_prefill, encoder_decoder_prefill
 
 __all__ = [
-    "DecodeConfig", "DecodeOutput", "GenerationIds", "decoder_only_prefill", "encoder_decoder_prefill", "predict",
+    "DecodeConfig", "DecodeOutput", "GenerationIds", "blank_infilling_prefill", "decoder_only_prefill",
+    "encoder_decoder_prefill", "predict",
 ]

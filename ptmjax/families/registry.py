@@ -38,6 +38,7 @@ from ptmjax.models.t5 import EncoderDecoder
 
 SEQIO = "seqio"
 PTMJAX_CONVERTERS = "ptmjax.data.feature_converters"
+BLANK_INFILLING_CONVERTER = ConverterName("ptmjax.data.blank_infilling_converter", "BlankInfillingFeatureConverter")
 
 
 def _pad_id(module: nn.Module) -> int:
@@ -90,6 +91,11 @@ DECODER_ONLY = dataclasses.replace(
     SEQUENCE_TO_SEQUENCE, kind=Kind.DECODER_ONLY, converter=ConverterName(SEQIO, "DecoderFeatureConverter"),
     init_inputs=token_inputs("decoder_input_tokens"),
     predict=functools.partial(decoding.predict, decoding.decoder_only_prefill), probed_stack=decoder_only_stack,
+)
+# GLM: GPT-2 with block positions on blank-infilling rows (part A its bidirectional prefix); decodes one blank.
+BLANK_INFILLING = dataclasses.replace(
+    DECODER_ONLY, converter=BLANK_INFILLING_CONVERTER,
+    predict=functools.partial(decoding.predict, decoding.blank_infilling_prefill),
 )
 MASKED_LM = Family(
     Kind.ENCODER, ConverterName(PTMJAX_CONVERTERS, "MaskedLmFeatureConverter"), token_inputs("input_tokens"),
@@ -188,7 +194,7 @@ def decoder_sequence_head_family(module: GPT2ForSequenceClassification) -> Famil
 FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
     EncoderDecoderInterface: lambda module: SEQUENCE_TO_SEQUENCE,  # BART, and any other encoder-decoder
     EncoderDecoder: lambda module: T5_SEQUENCE_TO_SEQUENCE,
-    GPT2: lambda module: DECODER_ONLY,
+    GPT2: lambda module: BLANK_INFILLING if module.config.block_position_embeddings else DECODER_ONLY,
     PermutationLM: lambda module: PERMUTED_LM,
     MPNetPretraining: lambda module: MASKED_PERMUTED_LM,
     PostLNEncoder: lambda module: ENCODER_FEATURES,

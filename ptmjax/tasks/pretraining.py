@@ -20,6 +20,8 @@
 * 'ptmjax_stdlib_masked_permuted_lm': MPNet's masked and permuted LM
   (`objectives.masked_permuted_lm`): 'inputs', 'positions' (the content
   stream), 'targets', 'loss_mask' (one per prediction).
+* 'ptmjax_stdlib_blank_infilling': GLM's blank infilling (`objectives.blank_infilling`):
+  part A with [MASK]s, part B the shuffled spans, 2D positions; rows of the 'targets' length.
 * 'ptmjax_c4_span_corruption': span corruption over TFDS 'c4/en:3.1.0', for
   users who have prepared C4 in their TFDS data dir (nothing is read or
   downloaded when it is registered).
@@ -44,6 +46,7 @@ import tensorflow as tf
 
 from ptmjax.data import corpus, document_pieces, text_files, vocabularies
 from ptmjax.objectives import (
+    blank_infilling,
     language_modeling,
     masked_lm,
     masked_permuted_lm,
@@ -60,6 +63,7 @@ STDLIB_NSP_TASK = "ptmjax_stdlib_mlm_nsp"
 STDLIB_SOP_TASK = "ptmjax_stdlib_mlm_sop"
 STDLIB_PERMUTED_LM_TASK = "ptmjax_stdlib_permuted_lm"
 STDLIB_MASKED_PERMUTED_LM_TASK = "ptmjax_stdlib_masked_permuted_lm"
+STDLIB_BLANK_INFILLING_TASK = "ptmjax_stdlib_blank_infilling"
 STDLIB_BYTE_TASK = "ptmjax_stdlib_span_corruption_byte"
 C4_TASK = "ptmjax_c4_span_corruption"
 PRETRAIN_MIXTURE = "ptmjax_pretrain"
@@ -139,6 +143,8 @@ def register_defaults() -> None:
                            preprocessors(permuted_lm.permuted_lm, append_eos=False), sentencepiece)
     registry.register_task(STDLIB_MASKED_PERMUTED_LM_TASK, stdlib_source,
                            preprocessors(masked_permuted_lm.masked_permuted_lm, append_eos=False), sentencepiece)
+    registry.register_task(STDLIB_BLANK_INFILLING_TASK, stdlib_source,
+                           preprocessors(blank_infilling.blank_infilling, append_eos=False), sentencepiece)
     for task, kind in ((STDLIB_NSP_TASK, "nsp"), (STDLIB_SOP_TASK, "sop")):
         pairs = functools.partial(sentence_pairs.sentence_pair_mlm, kind=kind)
         registry.register_task(task, stdlib_source, preprocessors(pairs, append_eos=False), sentencepiece)

@@ -5,8 +5,9 @@ import math
 
 import numpy as np
 import pytest
+import seqio
 import tensorflow as tf
-from objective_helpers import VOCAB_SIZE, features, random_examples, run
+from objective_helpers import VOCAB_SIZE, features, random_examples, run, token_dataset
 
 from ptmjax.objectives import blank_infilling as bi
 
@@ -146,3 +147,23 @@ def test_bad_settings_are_named():
     with pytest.raises(ValueError, match=r"sequence_length\['targets'\]"):
         run(lambda ds: bi.blank_infilling(ds, {"inputs": 32}, features()), [[5, 6]], 0)
 
+
+
+def test_feature_converter_gives_part_a_as_the_prefix_and_pads():
+    from ptmjax.data.blank_infilling_converter import BlankInfillingFeatureConverter
+
+    with seqio.utils.map_seed_manager(1):
+        ds = bi.blank_infill_dataset(token_dataset([list(range(10, 30)), [5, 6, 7]]), IDS, GLM)
+    rows = [{k: v.tolist() for k, v in x.items()} for x in ds.as_numpy_iterator()]
+    batches = list(BlankInfillingFeatureConverter()(ds, {"targets": 32}).as_numpy_iterator())
+    for row, got in zip(rows, batches, strict=True):
+        n, pad = len(row["inputs"]), [0] * (32 - len(row["inputs"]))
+        assert got["decoder_input_tokens"].tolist() == row["inputs"] + pad
+        assert got["decoder_target_tokens"].tolist() == row["targets"] + pad
+        assert got["decoder_loss_weights"].tolist() == row["loss_mask"] + pad
+        assert got["decoder_positions"].tolist() == row["positions"] + pad
+        assert got["decoder_block_positions"].tolist() == row["block_positions"] + pad
+        assert got["decoder_segment_ids"].tolist() == [1] * n + pad
+        assert got["decoder_causal_attention"].tolist() == [int(b == 0) for b in row["block_positions"]] + pad
+    with pytest.raises(ValueError, match="does not pack"):
+        BlankInfillingFeatureConverter(pack=True)
