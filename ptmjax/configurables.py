@@ -28,6 +28,7 @@ from ptmjax.tasks import (  # noqa: F401
     docstring_pairs,
     mixtures,
     module_classification,
+    multilingual,
     objective_mixture,
     pretraining,
     question_answering,

@@ -138,6 +138,14 @@ def bleu(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]
     return {"bleu": score.score}
 
 
+def chrf(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+    """{'chrf': sacrebleu's corpus chrF} with one reference per example and sacrebleu's defaults (chrF2:
+    character 1- to 6-grams without spaces, no word n-grams, recall weighted by beta = 2)."""
+    import sacrebleu
+
+    return {"chrf": sacrebleu.corpus_chrf(list(predictions), [list(targets)]).score}
+
+
 def _sentences_on_lines(summary: str) -> str:
     """T5's preparation for rougeLsum, which splits sentences on newlines: a ' . ' ends a line."""
     return summary.replace(" . ", " .\n")

@@ -12,6 +12,7 @@ Model features:
   input_tokens, target_tokens, loss_mask [b, length]; with sentence pairs
   also token_type_ids [b, length] and sentence_label [b].
 Permuted LM (XLNet) adds 'permutation_rank' [b, length] to the masked-LM fields.
+XLM's translation LM (and its masked-LM streams) adds 'positions' and 'language_ids' [b, length].
 SpanBERT's span boundary objective adds 'span_left', 'span_right', 'span_position' [b, length].
 Rows are padded with 0, never packed: a row is one example (and one pair).
 """
@@ -97,6 +98,17 @@ class PermutedLmFeatureConverter(MaskedLmFeatureConverter):
 
     MODEL_FEATURES = {**MaskedLmFeatureConverter.MODEL_FEATURES, "permutation_rank": Spec(dtype=tf.int32)}
     EXTRA_SEQUENCE_FEATURES = {"loss_mask": "loss_mask", "permutation_rank": "permutation_rank"}
+
+
+class TranslationLmFeatureConverter(MaskedLmFeatureConverter):
+    """Masked LM plus XLM's 'positions' (restarting at the second language of a pair) and 'language_ids'
+    [b, length] (ptmjax/objectives/translation_lm.py); padding is 0 in both, as in every other field."""
+
+    MODEL_FEATURES = {
+        **MaskedLmFeatureConverter.MODEL_FEATURES,
+        **{name: Spec(dtype=tf.int32) for name in ("positions", "language_ids")},
+    }
+    EXTRA_SEQUENCE_FEATURES = {name: name for name in ("loss_mask", "positions", "language_ids")}
 
 
 class SpanBoundaryFeatureConverter(MaskedLmFeatureConverter):

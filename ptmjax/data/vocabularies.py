@@ -24,7 +24,7 @@ import hashlib
 import os
 import pathlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import gin
 import sentencepiece as spm
@@ -69,13 +69,20 @@ def _exclusive_lock(path: pathlib.Path) -> Iterator[None]:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
-def train_stdlib_sentencepiece(vocab_size: int = DEFAULT_SPM_PIECES) -> pathlib.Path:
-    """Returns the cached model path, training the unigram model first if absent."""
+def check_vocab_size(vocab_size: int) -> None:
+    """A SentencePiece model needs at least 16 pieces."""
     if vocab_size < 16:
         raise ValueError(
             f"vocab_size={vocab_size} is too small for a SentencePiece model; use at least 16 (default 2000)"
         )
-    path = stdlib_sentencepiece_path(vocab_size)
+
+
+def train_cached_sentencepiece(
+    path: pathlib.Path, sentences: Callable[[], Iterable[str]], vocab_size: int, **trainer_options
+) -> pathlib.Path:
+    """Returns `path`, training a unigram model of `vocab_size` pieces on `sentences()` first if it is absent
+    (T5's special ids; `trainer_options` override SentencePieceTrainer's other arguments)."""
+    check_vocab_size(vocab_size)
     if path.exists():
         return path
     with _exclusive_lock(path.with_suffix(".lock")):
@@ -83,21 +90,19 @@ def train_stdlib_sentencepiece(vocab_size: int = DEFAULT_SPM_PIECES) -> pathlib.
             return path
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".training-") as tmp:
             prefix = os.path.join(tmp, "model")
+            options = {"character_coverage": 1.0, "num_threads": 2, "minloglevel": 2, **trainer_options}
             spm.SentencePieceTrainer.train(
-                sentence_iterator=_training_sentences(),
-                model_prefix=prefix,
-                model_type="unigram",
-                vocab_size=vocab_size,
-                pad_id=0,
-                eos_id=1,
-                unk_id=2,
-                bos_id=-1,
-                character_coverage=1.0,
-                num_threads=2,
-                minloglevel=2,
+                sentence_iterator=iter(sentences()), model_prefix=prefix, model_type="unigram",
+                vocab_size=vocab_size, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, **options,
             )
             os.replace(prefix + ".model", path)
     return path
+
+
+def train_stdlib_sentencepiece(vocab_size: int = DEFAULT_SPM_PIECES) -> pathlib.Path:
+    """Returns the cached model path, training the unigram model first if absent."""
+    check_vocab_size(vocab_size)  # before the path, which reads the corpus
+    return train_cached_sentencepiece(stdlib_sentencepiece_path(vocab_size), _training_sentences, vocab_size)
 
 
 class LazySentencePieceVocabulary(seqio.SentencePieceVocabulary):
@@ -111,9 +116,13 @@ class LazySentencePieceVocabulary(seqio.SentencePieceVocabulary):
         super().__init__(sentencepiece_model_file="", extra_ids=extra_ids)
         self._spm_pieces = vocab_size
 
+    def _trained_model(self) -> pathlib.Path:
+        """Trains (or finds) the model file: subclasses train on other text."""
+        return train_stdlib_sentencepiece(self._spm_pieces)
+
     def _model_context(self):  # returns seqio's private _ModelContext
         if not self._sentencepiece_model_file:
-            self._sentencepiece_model_file = str(train_stdlib_sentencepiece(self._spm_pieces))
+            self._sentencepiece_model_file = str(self._trained_model())
         return super()._model_context()
 
     @property

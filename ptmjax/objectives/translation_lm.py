@@ -16,6 +16,11 @@ task), becomes one sequence `[source </s> target </s>]`, </s> being EOS (id 1):
 The five outputs are int32 of one length, at most sequence_length['inputs'];
 a pair that does not fit is cut, the longer side first (`pair_lengths`). The
 sequence ends with EOS already: add no `append_eos_after_trim` after it.
+
+XLM trains TLM alongside MLM on streams of one language, which carry the same
+two fields: `with_language_ids` adds 'positions' (0, 1, ... over the stream)
+and 'language_ids' (one id throughout) to masked-LM examples, so that one
+feature converter reads both.
 """
 
 from __future__ import annotations
@@ -137,3 +142,18 @@ def translation_lm(
         language_ids=(options.source_language_id, options.target_language_id),
         masking=masking,
     )
+
+
+@seqio.map_over_dataset
+def _with_language_ids(features: Mapping[str, tf.Tensor], language_id: int) -> dict[str, tf.Tensor]:
+    length = tf.size(features["targets"])
+    return {**features, POSITIONS_KEY: tf.range(length), LANGUAGE_IDS_KEY: tf.fill([length], language_id)}
+
+
+@gin.configurable
+def with_language_ids(dataset: tf.data.Dataset, language_id: int) -> tf.data.Dataset:
+    """Adds XLM's 'positions' (0..n-1) and 'language_ids' (`language_id`) of one language to examples of
+    int32 'targets' (a masked-LM stream), aligned with 'targets'."""
+    if language_id < 0:
+        raise ValueError(f"with_language_ids: language_id={language_id} must be non-negative")
+    return _with_language_ids(dataset, language_id=language_id)

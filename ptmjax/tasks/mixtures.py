@@ -1,7 +1,8 @@
 """Mixtures whose rates follow from task sizes: temperature sampling, as XLM and mT5 use.
 
 With n_i training examples in task i and N = sum(n_i), task i is sampled with
-probability p_i proportional to (n_i / N) ** (1 / T):
+probability p_i proportional to (n_i / N) ** (1 / T)
+(`ptmjax.data.temperature_sampling.temperature_sampling_rates`, here as `mixtures.temperature_sampling_rates`):
 
 * T = 1: proportional to size;
 * T -> infinity (`math.inf`): uniform over the non-empty tasks;
@@ -13,31 +14,13 @@ counting each task's examples in its 'train' split unless sizes are given.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import gin
 import seqio
 
+from ptmjax.data.temperature_sampling import temperature_sampling_rates
 from ptmjax.tasks import registry
-
-
-def temperature_sampling_rates(sizes: Mapping[str, int], temperature: float) -> dict[str, float]:
-    """{name: p_i}, p_i proportional to (n_i / N) ** (1 / temperature), summing to 1; empty tasks get 0."""
-    if not sizes:
-        raise ValueError("temperature sampling needs at least one task size")
-    if not temperature > 0:
-        raise ValueError(
-            f"temperature={temperature} must be positive (1: proportional to size, math.inf: uniform, mT5: 3.33)"
-        )
-    negative = {name: n for name, n in sizes.items() if n < 0}
-    total = sum(sizes.values())
-    if negative or total <= 0:
-        raise ValueError(f"task sizes {dict(sizes)} must be non-negative and not all zero")
-    exponent = 0.0 if math.isinf(temperature) else 1.0 / temperature
-    weights = {name: (n / total) ** exponent if n > 0 else 0.0 for name, n in sizes.items()}
-    norm = sum(weights.values())
-    return {name: weight / norm for name, weight in weights.items()}
 
 
 def count_examples(task_name: str, split: str = "train") -> int:
