@@ -12,6 +12,7 @@ Model features:
   input_tokens, target_tokens, loss_mask [b, length]; with sentence pairs
   also token_type_ids [b, length] and sentence_label [b].
 Permuted LM (XLNet) adds 'permutation_rank' [b, length] to the masked-LM fields.
+UniLM adds 'token_type_ids' and its attention masks' kinds 'lm_mask_kind' [b, length].
 XLM's translation LM (and its masked-LM streams) adds 'positions' and 'language_ids' [b, length].
 SpanBERT's span boundary objective adds 'span_left', 'span_right', 'span_position' [b, length].
 Rows are padded with 0, never packed: a row is one example (and one pair).
@@ -119,3 +120,19 @@ class SpanBoundaryFeatureConverter(MaskedLmFeatureConverter):
         **{name: Spec(dtype=tf.int32) for name in ("span_left", "span_right", "span_position")},
     }
     EXTRA_SEQUENCE_FEATURES = {name: name for name in ("loss_mask", "span_left", "span_right", "span_position")}
+
+
+class UnifiedLmFeatureConverter(MaskedLmFeatureConverter):
+    """Masked LM plus UniLM's 'token_type_ids' (the seq2seq target is 1) and 'lm_mask_kind' (each position's
+    attention mask: ptmjax/objectives/unilm.py), each [b, length]."""
+
+    MODEL_FEATURES = {
+        **MaskedLmFeatureConverter.MODEL_FEATURES,
+        **{name: Spec(dtype=tf.int32) for name in ("token_type_ids", "lm_mask_kind")},
+    }
+    EXTRA_SEQUENCE_FEATURES = {name: name for name in ("loss_mask", "token_type_ids", "lm_mask_kind")}
+
+    def __call__(self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
+        """seqio's Evaluator gives a length for each of the task's output features (ptmjax/tasks/unilm.py declares
+        these, so that a mixture keeps them); they follow 'inputs', so only the lengths seqio checks are kept."""
+        return super().__call__(ds, {k: v for k, v in task_feature_lengths.items() if k in self.TASK_FEATURES})

@@ -35,6 +35,7 @@ from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.models.sentence_encoder import SentenceEncoder
 from ptmjax.models.span_bert import SpanBert
 from ptmjax.models.t5 import EncoderDecoder
+from ptmjax.models.unilm import UniLM
 
 SEQIO = "seqio"
 PTMJAX_CONVERTERS = "ptmjax.data.feature_converters"
@@ -112,6 +113,10 @@ SPAN_BOUNDARY_MLM = dataclasses.replace(
     MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "SpanBoundaryFeatureConverter"),
     init_inputs=token_inputs("input_tokens", "span_left", "span_right", "span_position"),
     loss=losses.span_boundary_mlm_loss,
+)
+# UniLM: each row also says which of its four attention masks the encoder reads it under.
+UNIFIED_LM = dataclasses.replace(
+    MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "UnifiedLmFeatureConverter"),
 )
 PERMUTED_LM = dataclasses.replace(
     MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "PermutedLmFeatureConverter"),
@@ -201,6 +206,7 @@ FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
     # BERT, RoBERTa, ALBERT: with a sentence-pair head (NSP / SOP) the batches carry sentence pairs.
     MaskedLMEncoder: lambda module: MASKED_LM_WITH_SENTENCE_PAIRS if module.config.pair_head else MASKED_LM,
     SpanBert: lambda module: SPAN_BOUNDARY_MLM,
+    UniLM: lambda module: UNIFIED_LM,
     ElectraPretraining: lambda module: REPLACED_TOKEN_DETECTION,
     EncoderForSequenceClassification: lambda module: sequence_head_family(module.num_labels),
     EncoderForTokenClassification: lambda module: TOKEN_TAGGING,
@@ -212,7 +218,7 @@ FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
 # The model classes a user builds by name: each gin-configurable as `ptmjax.models.<class name>`.
 MODEL_CLASSES: tuple[type[nn.Module], ...] = (
     EncoderDecoder, Bart, GPT2, Bert, Albert, ElectraPretraining, ElectraDiscriminator, ElectraGenerator,
-    PermutationLM, SpanBert, EncoderForSequenceClassification, EncoderForTokenClassification,
+    PermutationLM, SpanBert, UniLM, EncoderForSequenceClassification, EncoderForTokenClassification,
     EncoderForQuestionAnswering, GPT2ForSequenceClassification,
     MPNet, MPNetPretraining,
 )

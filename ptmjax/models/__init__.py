@@ -24,6 +24,7 @@ from ptmjax.models.mpnet import MPNet, MPNetConfig, MPNetPretraining
 from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.models.span_bert import SpanBert, SpanBertOutput
 from ptmjax.models.t5 import EncoderDecoder, T5Config
+from ptmjax.models.unilm import UniLM
 
 __all__ = [
     "Albert", "AlbertConfig", "Bart", "BartConfig", "Bert", "BertConfig",
@@ -31,5 +32,5 @@ __all__ = [
     "ElectraPretrainingConfig", "EncoderDecoder", "EncoderForQuestionAnswering", "EncoderForSequenceClassification",
     "EncoderForTokenClassification", "GPT2", "GPT2Config", "GPT2ForSequenceClassification", "MaskedLMOutput",
     "MPNet", "MPNetConfig", "MPNetPretraining",
-    "PermutationLM", "SpanBert", "SpanBertOutput", "T5Config",
+    "PermutationLM", "SpanBert", "SpanBertOutput", "T5Config", "UniLM",
 ]
