@@ -13,6 +13,8 @@ The first that applies, as transformers would read the folder:
   numbers its sentinel tokens upwards from 259: text holding `<extra_id_N>`
   is read as its bytes here);
 * tokenizer.json;
+* sentencepiece.bpe.model of an XLMRobertaTokenizer: the tokenizer transformers
+  builds from it, with fairseq's ids (data/fairseq_sentencepiece.py);
 * vocab.json + merges.txt: byte-level BPE (GPT-2, BART, RoBERTa);
 * vocab.txt: WordPiece (BERT), cased or not as tokenizer_config.json says.
 
@@ -30,13 +32,15 @@ from typing import Any
 import sentencepiece as spm
 import seqio
 
+from ptmjax.data.fairseq_sentencepiece import XLMR_SENTENCEPIECE, XLMR_TOKENIZER_CLASSES, xlmr_tokenizer
 from ptmjax.data.hf_tokenizer_vocabulary import HfTokenizerVocabulary, read_json
 
 SPIECE, TOKENIZER_JSON, VOCAB_JSON, MERGES, VOCAB_TXT = (
     "spiece.model", "tokenizer.json", "vocab.json", "merges.txt", "vocab.txt",
 )
 TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP = "tokenizer_config.json", "special_tokens_map.json"
-TOKENIZER_FILES = (SPIECE, TOKENIZER_JSON, VOCAB_JSON, MERGES, VOCAB_TXT, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)
+TOKENIZER_FILES = (SPIECE, TOKENIZER_JSON, VOCAB_JSON, MERGES, VOCAB_TXT, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP,
+                   XLMR_SENTENCEPIECE)
 T5_TOKENIZER_CLASSES = ("T5Tokenizer", "T5TokenizerFast", "MT5Tokenizer", "MT5TokenizerFast")
 T5_DEFAULT_EXTRA_IDS = 100
 BYT5_TOKENIZER, BYT5_DEFAULT_EXTRA_IDS = "ByT5Tokenizer", 125
@@ -98,6 +102,8 @@ def read_vocabulary(directory: str) -> seqio.Vocabulary:
     tokens = special_tokens(config)
     if TOKENIZER_JSON in present:
         vocabulary = HfTokenizerVocabulary.from_file(path[TOKENIZER_JSON])
+    elif XLMR_SENTENCEPIECE in present and tokenizer_class in XLMR_TOKENIZER_CLASSES:
+        vocabulary = HfTokenizerVocabulary(xlmr_tokenizer(path[XLMR_SENTENCEPIECE], tokens))
     elif VOCAB_JSON in present:
         vocabulary = HfTokenizerVocabulary.byte_level_bpe(
             path[VOCAB_JSON], path[MERGES], add_prefix_space=bool(config.get("add_prefix_space", False)),

@@ -132,3 +132,37 @@ def test_an_mbert_folder_reads_its_cased_wordpiece_and_round_trips(tmp_path):
     assert (hf_config["model_type"], hf_config["architectures"]) == ("bert", ["BertForPreTraining"])
     assert_same_weights(out, model)
     assert transformers.AutoTokenizer.from_pretrained(out)(cased)["input_ids"] == tokenizer(cased)["input_ids"]
+
+
+def test_an_xlm_r_sentencepiece_file_without_tokenizer_json_reads_as_transformers_builds_it(tmp_path):
+    """A folder as older transformers saved XLM-R's tokenizer: sentencepiece.bpe.model and tokenizer_config.json
+    only. It reads as XLMRobertaTokenizer on the same file (ids, mask, pairs, decoding), and travels with imports."""
+    import shutil
+
+    from ptmjax.data import tokenizer_dir
+
+    tokenizer = xlm_roberta_tokenizer(tmp_path / "spm")
+    (tmp_path / "old").mkdir()
+    shutil.copyfile(tmp_path / "spm" / "sentencepiece.bpe.model", tmp_path / "old" / "sentencepiece.bpe.model")
+    (tmp_path / "old" / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer"}))
+    vocab = tokenizer_dir.read_vocabulary(str(tmp_path / "old"))
+    texts = [*TEXTS, "A <mask> in the middle:<mask>", "  spaces   between\twords  ", "ＦＵＬＬ width ①"]
+    assert (vocab.bos_id, vocab.pad_id, vocab.eos_id, vocab.unk_id, vocab.mask_id) == (0, 1, 2, 3, len(tokenizer) - 1)
+    assert vocab.vocab_size == len(tokenizer)
+    for text in texts:
+        ids = tokenizer(text)["input_ids"]
+        assert vocab.encode_with_template(text) == ids, text
+        assert vocab.decode(ids[1:-1]) == tokenizer.decode(ids, skip_special_tokens=True), text
+    pair = tokenizer(texts[0], texts[1])["input_ids"]
+    assert vocab.tokenizer.encode(texts[0], texts[1]).ids == pair
+
+    torch.manual_seed(0)
+    model = transformers.XLMRobertaForMaskedLM(transformers.XLMRobertaConfig(
+        vocab_size=len(tokenizer), max_position_embeddings=66, type_vocab_size=1, **SMALL_BERT))
+    model.save_pretrained(tmp_path / "old")
+    imported, out = tmp_path / "imported", tmp_path / "out"
+    assert cli.main(["convert", "--from-hf", str(tmp_path / "old"), "--to", str(imported)]) == 0
+    assert cli.main(["convert", "--from", str(imported), "--to-hf", str(out)]) == 0
+    assert sorted(p.name for p in (imported / "tokenizer").iterdir()) == ["sentencepiece.bpe.model",
+                                                                          "tokenizer_config.json"]
+    assert transformers.AutoTokenizer.from_pretrained(out)(texts)["input_ids"] == tokenizer(texts)["input_ids"]
