@@ -9,11 +9,12 @@ algorithm needs no model code, and a new family only a prefill.
 
 from ptmjax.decoding.blank_infilling import blank_infilling_prefill
 from ptmjax.decoding.config import DecodeConfig, DecodeOutput
+from ptmjax.decoding.fill_blanks import fill_blanks
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.decoding.predict import predict
 from ptmjax.decoding.prefill import decoder_only_prefill, encoder_decoder_prefill
 
 __all__ = [
     "DecodeConfig", "DecodeOutput", "GenerationIds", "blank_infilling_prefill", "decoder_only_prefill",
-    "encoder_decoder_prefill", "predict",
+    "encoder_decoder_prefill", "fill_blanks", "predict",
 ]

@@ -11,7 +11,7 @@ The context fills cache slots 0..P-1 (padding masked) together with [START] (`Ge
 at slot P, whose logits give the first generated token; generated token i goes to slot P + 1 + i. Every token
 of the span has position (blank position, k): [START] k = 1, generated token i k = i + 2, as in training.
 Decoding ends at [END] (`GenerationIds.eos_token_id`); a second blank is filled by appending the first
-span ([START] + its tokens, with their positions) to the context.
+span ([START] + its tokens, with their positions) to the context, as `fill_blanks` (fill_blanks.py) does.
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ Array = jax.Array
 
 def blank_context(batch: Mapping[str, Array]) -> dict[str, Array]:
     """The context's fields [b, P] with their defaults filled in (see the module docstring)."""
+    missing = [name for name in ("decoder_input_tokens", "decoder_causal_attention", "blank_positions")
+               if name not in batch]
+    if missing:
+        raise ValueError(
+            f"blank infilling needs batch fields {missing} (got {sorted(batch)}): part A's tokens and marks and "
+            "the [MASK] to fill; ptmjax.decoding.fill_blanks builds them from a part A"
+        )
     tokens = batch["decoder_input_tokens"]
     part_a = batch["decoder_causal_attention"].astype(jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
