@@ -19,6 +19,7 @@ RUNS = {
     "runs/gpt2_demo.gin": ({"targets": 32}, ("accuracy",)),
     "runs/bert_demo.gin": ({"inputs": 32, "targets": 32}, ("sentence_loss", "sentence_accuracy")),
     "runs/xlnet_demo.gin": ({"inputs": 32, "targets": 32}, ()),
+    "runs/mpnet_demo.gin": ({"inputs": 32, "targets": 5}, ()),
     "runs/glm_demo.gin": ({"targets": 32}, ()),
     "runs/albert_demo.gin": ({"inputs": 32, "targets": 32}, ("sentence_loss", "sentence_accuracy")),
     "runs/electra_demo.gin": ({"inputs": 32, "targets": 32}, ("discriminator_loss", "discriminator_accuracy")),

@@ -28,6 +28,7 @@ FAMILIES = {
     "runs/albert_demo.gin": ({"inputs": 32, "targets": 32}, ("loss", "sentence_loss")),
     "runs/electra_demo.gin": ({"inputs": 32, "targets": 32}, ("loss", "discriminator_loss", "replaced_fraction")),
     "runs/xlnet_demo.gin": ({"inputs": 32, "targets": 32}, ("loss", "accuracy")),
+    "runs/mpnet_demo.gin": ({"inputs": 32, "targets": 5}, ("loss", "accuracy")),
     "runs/glm_demo.gin": ({"targets": 32}, ("loss", "accuracy")),
     "runs/spanbert_demo.gin": ({"inputs": 32, "targets": 32}, ("loss", "mlm_loss", "sbo_loss")),
 }
