@@ -45,13 +45,15 @@ class PermutationLM(nn.Module):
         c = self.config
         unsupported = {
             name: value for name, value in
-            (("num_experts", c.num_experts), ("remat_policy", c.remat_policy), ("scan_layers", c.scan_layers))
+            (("num_experts", c.num_experts), ("remat_policy", c.remat_policy), ("scan_layers", c.scan_layers),
+             ("block_position_embeddings", c.block_position_embeddings))
             if value not in (0, "none", False)
         }
         if unsupported:
             raise ValueError(
                 f"PermutationLM does not support GPT2Config {unsupported}; its two-stream layers are dense, "
-                "unscanned and not rematerialised: set num_experts=0, remat_policy='none', scan_layers=False."
+                "unscanned and not rematerialised, with one position table: set num_experts=0, "
+                "remat_policy='none', scan_layers=False, block_position_embeddings=False."
             )
         self.token_embedder = Embed(
             c.vocab_size, c.d_model, embedding_init=nn.initializers.normal(EMBED_INIT_STDDEV), **dtype_kwargs(c)

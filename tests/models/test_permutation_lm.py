@@ -42,7 +42,7 @@ def test_options_the_two_stream_layers_lack_are_refused():
     import pytest
 
     tokens = jnp.ones((1, 4), jnp.int32)
-    for change in ({"remat_policy": "full"}, {"scan_layers": True}):
+    for change in ({"remat_policy": "full"}, {"scan_layers": True}, {"block_position_embeddings": True}):
         model = PermutationLM(dataclasses.replace(CONFIG, **change))
         with pytest.raises(ValueError, match=f"PermutationLM does not support GPT2Config {{'{next(iter(change))}'"):
             jax.eval_shape(model.init, jax.random.key(0), tokens, tokens)
