@@ -95,6 +95,7 @@ def _texts_dataset_fn(split: str, shuffle_files: bool, seed: int | None = None, 
     return _string_dataset({"text": texts}, shuffle_files, seed)
 
 
+@gin.configurable
 def register_gettext_translation_task(locale: str, vocabulary: seqio.Vocabulary | None = None,
                               roots: tuple[str, ...] | None = None) -> seqio.Task:
     """(Re-)registers 'ptmjax_gettext_translate_en_{locale}' (module doc); `locale` from LANGUAGE_NAMES."""
