@@ -13,7 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_same_state_dict, numpy_boxed_variables, perturbed_hf_model
+from conftest import (
+    assert_same_state_dict,
+    count_params,
+    hf_meta_param_count,
+    load_gin_config,
+    numpy_boxed_variables,
+    perturbed_hf_model,
+)
 
 from ptmjax.models.mpnet import MPNet, MPNetConfig
 
@@ -97,3 +104,10 @@ def test_configs_transformers_computes_otherwise_are_refused():
                             ({"relative_attention_max_distance": 64}, "relative_attention_max_distance=64")):
         with pytest.raises(ValueError, match=message):
             hf_mpnet.to_hf_config(dataclasses.replace(MPNET, **change))
+
+
+@pytest.mark.parametrize("name", ["mpnet_tiny", "mpnet_base"])
+def test_gin_configs_have_the_parameters_of_their_transformers_model(name):
+    config = load_gin_config(name, MPNetConfig)
+    ours = count_params(lambda: MPNet(config).init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32)))
+    assert ours == hf_meta_param_count("hf_mpnet", config)  # mpnet_base: 109,518,527
