@@ -1,12 +1,10 @@
 """SpanBERT's span boundary head and loss against float64 NumPy of the paper's formula, and its demo run."""
 
-import json
-
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cli_runs import train_from_cli
 from flax import linen as nn
 from scipy.special import erf
 
@@ -108,20 +106,7 @@ def test_the_sbo_head_shares_the_token_table_and_refuses_nsp(model_and_params):
 
 @pytest.mark.slow  # a gin training run from the CLI
 def test_spanbert_demo_trains_from_the_cli(tmp_path):
-    from ptmjax import cli
-
-    bindings = ["train.task_feature_lengths = {'inputs': 32, 'targets': 32}", "train.batch_size = 8",
-                "train.num_steps = 6", "train.log_every = 2", "train.eval_every = 6", "train.eval_batches = 2",
-                "train.checkpoint_every = 6", "train.show_progress = False", "warmup_cosine.warmup_steps = 2",
-                "warmup_cosine.total_steps = 6"]
-    try:
-        code = cli.main(["train", "--gin_file=runs/spanbert_demo.gin", f"--model_dir={tmp_path}",
-                         *(f"--gin_bindings={b}" for b in bindings)])
-    finally:
-        gin.clear_config()
-    assert code == 0
-    with open(tmp_path / "metrics.jsonl") as f:
-        records = [json.loads(line) for line in f]
+    records = train_from_cli("runs/spanbert_demo.gin", tmp_path, 6)
     train = [r for r in records if "sbo_loss" in r]
     assert len(train) == 3 and all(np.isfinite([r["loss"], r["mlm_loss"], r["sbo_loss"]]).all() for r in train)
     # loss = MLM + SBO per MLM token; the SBO leaves out spans at a row's edge, so its share is at most its mean.

@@ -1,15 +1,14 @@
 """UniLM: each mask by hand, the model reading under it, the objective's rows, the mixture's rates, the
 per-mask evaluation loss, and (slow) the demo run writing one loss per mask."""
 
-import json
 import math
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import seqio
+from cli_runs import train_from_cli
 from flax import linen as nn
 
 from ptmjax.families.model_api import model_api
@@ -145,21 +144,9 @@ def test_per_mask_evaluation_loss_is_the_mask_rows_masked_lm_loss(model_and_para
 
 @pytest.mark.slow  # a gin training run from the CLI
 def test_unilm_demo_trains_and_writes_one_loss_per_mask(tmp_path):
-    from ptmjax import cli
     from ptmjax.tasks import unilm
 
-    bindings = ["train.task_feature_lengths = {'inputs': 32, 'targets': 32}", "train.batch_size = 8",
-                "train.num_steps = 4", "train.log_every = 2", "train.eval_every = 4", "train.eval_batches = 2",
-                "train.checkpoint_every = 4", "train.inference_eval_examples = 16", "train.show_progress = False",
-                "warmup_cosine.warmup_steps = 2", "warmup_cosine.total_steps = 4"]
-    try:
-        code = cli.main(["train", "--gin_file=runs/unilm_demo.gin", f"--model_dir={tmp_path}",
-                         *(f"--gin_bindings={b}" for b in bindings)])
-    finally:
-        gin.clear_config()
-    assert code == 0
-    with open(tmp_path / "metrics.jsonl") as f:
-        records = [json.loads(line) for line in f]
+    records = train_from_cli("runs/unilm_demo.gin", tmp_path, 4, "train.inference_eval_examples = 16")
     assert all(math.isfinite(r["loss"]) for r in records if "loss" in r)
     per_mask = {mask: [r[f"eval_{unilm.task_name(mask)}/loss"] for r in records
                        if f"eval_{unilm.task_name(mask)}/loss" in r] for mask in UNILM_MASKS}
