@@ -10,7 +10,9 @@ uniform subset that does not depend on the order the catalogs were read in.
 The unigram model keeps T5's ids (pad 0, eos 1, unk 2) and covers 99.995% of the characters
 (`character_coverage`; the rarest characters become unk). It is trained on first use and
 cached at `$PTMJAX_CACHE_DIR/spm/gettext_unigram_{pieces}_{digest}.model`, the digest covering the
-training text and settings. `unknown_rate` measures what share of a text's pieces are unk.
+settings and the catalogs' bytes (`model_path`: finding the model hashes the files, about a second for all
+of them, where building the training text parses and cleans them, about a minute). `unknown_rate`
+measures what share of a text's pieces are unk.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Iterable, Sequence
 import gin
 import seqio
 
-from ptmjax.data import message_pairs, temperature_sampling, vocabularies
+from ptmjax.data import gettext_catalogs, message_pairs, temperature_sampling, vocabularies
 
 DEFAULT_PIECES = 16000
 DEFAULT_TEMPERATURE = 2.0
@@ -62,11 +64,16 @@ def training_sentences(locales: tuple[str, ...], temperature: float = DEFAULT_TE
     return tuple(sample)
 
 
-def model_path(pieces: int, sentences: Sequence[str]) -> pathlib.Path:
-    """Where the model of `pieces` pieces trained on `sentences` is (or will be) cached."""
-    digest = hashlib.sha256(f"{_TRAINER_VERSION}-{pieces}-{CHARACTER_COVERAGE}".encode())
-    for sentence in sentences:
-        digest.update(sentence.encode("utf-8") + b"\0")
+def model_path(pieces: int, locales: Sequence[str], temperature: float, max_sentences: int,
+               roots: tuple[str, ...] | None = None) -> pathlib.Path:
+    """Where the model of these settings is (or will be) cached: the digest covers the settings and the bytes
+    of every catalog of `locales`, so finding a trained model reads the files but parses none."""
+    settings = (_TRAINER_VERSION, pieces, CHARACTER_COVERAGE, temperature, max_sentences, tuple(locales))
+    digest = hashlib.sha256(repr(settings).encode())
+    for locale in locales:
+        for path in gettext_catalogs.catalog_paths(roots).get(locale, ()):
+            digest.update(f"{locale}/{gettext_catalogs.domain_of(path)}\0".encode())
+            digest.update(hashlib.sha256(pathlib.Path(path).read_bytes()).digest())
     return vocabularies.cache_dir() / "spm" / f"gettext_unigram_{pieces}_{digest.hexdigest()[:16]}.model"
 
 
@@ -84,10 +91,10 @@ class LazyMultilingualVocabulary(vocabularies.LazySentencePieceVocabulary):
 
     def _trained_model(self) -> pathlib.Path:
         locales = self._locales or message_pairs.require_catalogs(self._roots)
-        sentences = training_sentences(locales, *self._sampling, self._roots)
         return vocabularies.train_cached_sentencepiece(
-            model_path(self._spm_pieces, sentences), lambda: sentences, self._spm_pieces,
-            character_coverage=CHARACTER_COVERAGE, input_sentence_size=len(sentences),
+            model_path(self._spm_pieces, locales, *self._sampling, self._roots),
+            lambda: training_sentences(locales, *self._sampling, self._roots), self._spm_pieces,
+            character_coverage=CHARACTER_COVERAGE,
         )
 
     def _spec(self) -> tuple:

@@ -65,3 +65,13 @@ def test_settings_make_the_vocabulary_and_a_machine_without_catalogs_is_told(tmp
     empty = mv.LazyMultilingualVocabulary(4000, roots=(str(tmp_path),))
     with pytest.raises(ValueError, match="no gettext catalogs .*PTMJAX_LOCALE_DIRS"):
         empty.encode("text")
+
+
+def test_the_cached_model_is_keyed_by_the_settings_and_the_catalogs_bytes(tmp_path):
+    write_catalog(tmp_path / "a", "de", "app", _sentences("first", 5))
+    write_catalog(tmp_path / "b", "de", "app", _sentences("first", 5))
+    write_catalog(tmp_path / "c", "de", "app", _sentences("other", 5))
+    same, copy, changed = (mv.model_path(100, ("de",), 2.0, 50, (str(tmp_path / name),)) for name in "abc")
+    assert same == copy != changed
+    assert same != mv.model_path(100, ("de",), 1.0, 50, (str(tmp_path / "a"),))
+    assert same != mv.model_path(200, ("de",), 2.0, 50, (str(tmp_path / "a"),))
