@@ -107,6 +107,13 @@ def test_an_xlm_r_folder_keeps_fairseqs_id_offset_and_exports_as_xlm_r(tmp_path)
     diff = max(np.abs(ours - ref).max() for ours, ref in zip(loaded.hidden_states(TEXTS), want, strict=True))
     print(f"XLM-R hidden states: max |diff| {diff:.2e}")
     assert diff < 1e-5
+    masked = ["Return the <mask> of a and b.", "Open a <mask>, read it."]
+    for text, answers in zip(masked, loaded.fill_mask(masked, top_k=3), strict=True):
+        row = tokenizer(text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            top = model(row).logits[0, row[0].tolist().index(tokenizer.mask_token_id)].softmax(-1).topk(3)
+        assert [token for token, _ in answers[0]] == [tokenizer.decode([i]) for i in top.indices.tolist()], text
+        np.testing.assert_allclose([p for _, p in answers[0]], top.values.numpy(), atol=1e-6)
 
     hf_config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (hf_config["model_type"], hf_config["architectures"]) == ("xlm-roberta", ["XLMRobertaForMaskedLM"])
