@@ -29,6 +29,9 @@ def _model_proto(path: str):  # -> sentencepiece_model_pb2.ModelProto
             first = (str(error).strip().splitlines() or ["unreadable"])[0]
             raise ValueError(f"{path} is not a SentencePiece model ({first}); copy the model's "
                              f"{XLMR_SENTENCEPIECE}") from None
+    if len(proto.pieces) <= FAIRSEQ_FIRST_PIECE:
+        raise ValueError(f"{path} holds {len(proto.pieces)} SentencePiece pieces, not a model (an empty or cut file?); "
+                         f"copy the model's {XLMR_SENTENCEPIECE}")
     if proto.trainer_spec.model_type != 1:  # UNIGRAM: fairseq's XLM-R model, whatever its file is called
         raise ValueError(f"{path} is a SentencePiece model of type {proto.trainer_spec.model_type}, not unigram (1) "
                          "as XLM-R's; save the tokenizer with transformers 5 to write a tokenizer.json")

@@ -173,3 +173,13 @@ def test_an_xlm_r_sentencepiece_file_without_tokenizer_json_reads_as_transformer
     assert sorted(p.name for p in (imported / "tokenizer").iterdir()) == ["sentencepiece.bpe.model",
                                                                           "tokenizer_config.json"]
     assert transformers.AutoTokenizer.from_pretrained(out)(texts)["input_ids"] == tokenizer(texts)["input_ids"]
+
+
+@pytest.mark.parametrize("content", [b"", b"\x0a\xff\xff not a protobuf"])
+def test_a_damaged_xlm_r_sentencepiece_file_is_named(tmp_path, content):
+    from ptmjax.data import tokenizer_dir
+
+    (tmp_path / "sentencepiece.bpe.model").write_bytes(content)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer"}))
+    with pytest.raises(ValueError, match=r"sentencepiece\.bpe\.model (is not a SentencePiece model|holds 0 Sentence)"):
+        tokenizer_dir.read_vocabulary(str(tmp_path))
