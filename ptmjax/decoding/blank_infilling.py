@@ -77,12 +77,13 @@ def blank_infilling_prefill(
         logits = module.apply({"params": params}, hidden[:, -1:], method="logits")[:, 0]
         return logits, DecodeState(updated["cache"], state.inputs)
 
-    def span_fields(block_position: Array | int, count: int = 1) -> tuple[Array, Array]:
-        positions = jnp.broadcast_to(inputs["blank_positions"][:, None], (rows, count))
-        return positions, jnp.full((rows, count), block_position, jnp.int32)
+    def span_fields(state_inputs: dict[str, Array], block_position: Array | int) -> tuple[Array, Array]:
+        """The 2D positions [n, 1] of a span token (n: the state's rows, repeated for beams and samples)."""
+        blanks = state_inputs["blank_positions"][:, None]
+        return blanks, jnp.full(blanks.shape, block_position, jnp.int32)
 
     start = jnp.full((rows, 1), ids.decoder_start_token_id, jnp.int32)
-    start_positions, start_blocks = span_fields(1)
+    start_positions, start_blocks = span_fields(inputs, 1)
     first = (
         jnp.concatenate([context["tokens"], start], axis=1),
         jnp.concatenate([context["positions"], start_positions], axis=1),
@@ -93,6 +94,6 @@ def blank_infilling_prefill(
     first_logits, state = decode(state, *first, 0)
 
     def step(state: DecodeState, tokens: Array, i: Array) -> tuple[Array, DecodeState]:
-        return decode(state, tokens[:, None], *span_fields(i + 2), context_length + 1 + i)
+        return decode(state, tokens[:, None], *span_fields(state.inputs, i + 2), context_length + 1 + i)
 
     return Prefill(first_logits, state, step)
