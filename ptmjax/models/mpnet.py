@@ -12,6 +12,7 @@ MLM head (erf GELU). Its interface is the BERT family's (`MaskedLMEncoder`).
     the b predicted tokens' mask tokens (80% [MASK], 10% random, 10% kept);
   positions [b, N]: each slot's position in the text (0-based); a mask token has its token's;
   loss_mask [b, Q]: 1 for the first b of Q queries, one per predicted token in order.
+Rows end in seqio's padding (0s); every slot before it is content, whatever pad_token_id is.
 The query of the predicted token of step t starts from its mask token's embedding and attends to the
 tokens before it in the order and to the mask tokens of step >= t, so it sees all n positions; the
 relative bias follows the positions. Logits [b, Q, vocab] come from the query stream.
@@ -120,7 +121,7 @@ class MPNetPretraining(MPNet):
                 f"and loss_mask {loss_mask.shape} [batch, queries]"
             )
         check_length(input_tokens.shape[1], c.max_sequence_length, "MPNetPretraining")  # positions lie below it
-        valid = encoder_attention_mask(input_tokens, pad_token_id=c.pad_token_id).key_segment_ids > 0
+        valid = jnp.cumsum(input_tokens[:, ::-1] != 0, axis=1)[:, ::-1] > 0  # all but seqio's trailing 0s
         content_mask, query_mask, query_slots = masked_permutation_masks(
             valid, jnp.sum(loss_mask, axis=1, dtype=jnp.int32), loss_mask.shape[1]
         )

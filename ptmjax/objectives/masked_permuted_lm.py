@@ -1,8 +1,8 @@
 """MPNet's masked and permuted language modelling (Song et al., 2020), as a seqio preprocessor.
 
-Documents are concatenated and cut into pieces of n tokens (EOS included when 'targets' adds one), n
-the longest text whose content stream fits: n + round(n * predict_fraction) <= sequence_length['inputs']
-and round(n * predict_fraction) <= sequence_length['targets']. Each piece x_1..x_n is put in a uniformly
+Documents are concatenated and cut into pieces of n tokens, n the longest text whose content stream fits:
+n + round(n * predict_fraction) <= sequence_length['inputs'] and round(n * predict_fraction) <=
+sequence_length['targets']. Each piece x_1..x_n is put in a uniformly
 random order z, and its last b = round(n * predict_fraction) tokens (at least 1, at most n - 1) are
 predicted, each from the tokens before it in the order and from mask tokens at the positions of all the
 predicted ones (MPNet's position compensation: every prediction sees n positions). Outputs:
@@ -10,7 +10,8 @@ predicted ones (MPNet's position compensation: every prediction sees n positions
     regular id, 10% kept): the content stream, whose last b slots also start the query stream;
   'positions' [n + b]: z_1..z_n, then z_(n-b+1)..z_n: each slot's position in the text (0-based);
   'targets' [b]: x_z(n-b+1)..x_zn, the predicted tokens in order; 'loss_mask' [b]: ones.
-The model (ptmjax.models.mpnet.MPNetPretraining) realises the order with two-stream attention.
+The model (ptmjax.models.mpnet.MPNetPretraining) realises the order with two-stream attention. No EOS is
+appended: Hugging Face's MPNet reads id 1 (seqio's EOS) as padding.
 """
 
 from __future__ import annotations
@@ -68,11 +69,9 @@ class MaskedPermutedLMOptions:
 
 
 @seqio.map_over_dataset(num_seeds=3)
-def _permute_and_mask(features: Mapping[str, tf.Tensor], seeds: Sequence[tf.Tensor], *, append_eos: bool,
-                      predict_fraction: float, replace_kwargs: Mapping[str, object]) -> dict[str, tf.Tensor]:
+def _permute_and_mask(features: Mapping[str, tf.Tensor], seeds: Sequence[tf.Tensor], *, predict_fraction: float,
+                      replace_kwargs: Mapping[str, object]) -> dict[str, tf.Tensor]:
     tokens = features["targets"]
-    if append_eos:
-        tokens = tf.concat([tokens, tf.constant([common.EOS_ID], tokens.dtype)], axis=0)
     size = tf.size(tokens)
     num_predicted = tf.minimum(common.count_to_rate(size, predict_fraction), tf.maximum(size - 1, 0))
     order = common.random_permutation(size, seeds[0])  # order[t]: the position of the t-th token of the order
@@ -103,16 +102,15 @@ def masked_permuted_lm(
     Args:
       dataset: examples with an int32 'targets' feature (the tokenised text).
       sequence_length: 'inputs' (the content stream, n + b) and 'targets' (the queries, at least b).
-      output_features: seqio features; 'targets' gives the vocabulary, and EOS is appended when it adds one.
+      output_features: seqio features; 'targets' gives the vocabulary (no EOS is appended).
       options: the objective's setting; None: `MaskedPermutedLMOptions()` as gin binds it.
       max_chunk_tokens: each document is first cut to a random chunk of this size.
       documents_per_stream: documents concatenated before splitting.
     """
     options = options or MaskedPermutedLMOptions()
     vocabulary = common.vocabulary_of(output_features, "masked_permuted_lm")
-    append_eos = bool(common.eos_count(output_features, "targets"))
     size = options.text_length(common.required_length(sequence_length, "inputs", "masked_permuted_lm"),
                                common.required_length(sequence_length, "targets", "masked_permuted_lm"))
-    dataset = common.token_stream(dataset, size - int(append_eos), max_chunk_tokens, documents_per_stream)
-    return _permute_and_mask(dataset, append_eos=append_eos, predict_fraction=options.predict_fraction,
+    dataset = common.token_stream(dataset, size, max_chunk_tokens, documents_per_stream)
+    return _permute_and_mask(dataset, predict_fraction=options.predict_fraction,
                              replace_kwargs=masked_lm.replacement(vocabulary, options.rates()))

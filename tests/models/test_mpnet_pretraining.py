@@ -21,15 +21,17 @@ MASK_ID = 100
 ROWS = ((20, 3), (9, 2), (26, 4))  # (n, b): the text's length and how many of it are predicted
 
 
-def mpnet_rows(seed: int = 0, rows=ROWS):
+def mpnet_rows(seed: int = 0, rows=ROWS, pad_id_in_text: bool = False):
     """The objective's layout for random texts: (input_tokens [r, N], positions [r, N], loss_mask [r, Q],
-    texts, orders), padded with 0 as seqio pads; a mask slot holds the mask id, a random id or its token."""
+    texts, orders), padded with 0 as seqio pads; a mask slot holds the mask id, a random id or its token.
+    pad_id_in_text: the first text holds id 1 (seqio's EOS, MPNet's padding id): content all the same."""
     rng = np.random.default_rng(seed)
     width, queries = max(n + b for n, b in rows), max(b for _, b in rows)
     tokens, positions = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), np.int32)
     loss_mask, texts, orders = np.zeros((len(rows), queries), np.int32), [], []
     for r, (n, b) in enumerate(rows):
         text, order = rng.integers(3, MASK_ID, n), rng.permutation(n)
+        text[:1] = 1 if pad_id_in_text and r == 0 else text[:1]
         masks = np.where(rng.random(b) < 0.8, MASK_ID, rng.integers(3, MASK_ID, b))
         tokens[r, :n + b] = np.concatenate([text[order], masks])
         positions[r, :n + b] = np.concatenate([order, order[n - b:]])
@@ -112,7 +114,7 @@ def numpy_two_streams(params, config: MPNetConfig, tokens, positions, rows=ROWS)
 
 
 def test_two_streams_equal_a_float64_numpy_reference():
-    tokens, positions, loss_mask, _, _ = mpnet_rows()
+    tokens, positions, loss_mask, _, _ = mpnet_rows(pad_id_in_text=True)
     model = MPNetPretraining(CONFIG)
     variables = nn.meta.unbox(numpy_boxed_variables(lambda: model.init(jax.random.key(0), tokens, positions,
                                                                        loss_mask)))

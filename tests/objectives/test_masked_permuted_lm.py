@@ -12,10 +12,9 @@ from ptmjax.objectives import masked_permuted_lm
 LENGTHS = {"inputs": 64, "targets": 9}
 
 
-def mpnet_rows(examples, lengths=LENGTHS, seed: int = 1, add_eos: bool = True, **options):
+def mpnet_rows(examples, lengths=LENGTHS, seed: int = 1, **options):
     options = masked_permuted_lm.MaskedPermutedLMOptions(**options)
-    return run(lambda ds: masked_permuted_lm.masked_permuted_lm(ds, lengths, features(add_eos), options), examples,
-               seed)
+    return run(lambda ds: masked_permuted_lm.masked_permuted_lm(ds, lengths, features(), options), examples, seed)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +37,8 @@ def test_rows_are_the_permuted_text_then_the_masks_at_the_predicted_positions(ex
         assert sorted(order) == list(range(n))  # the positions of the content are a permutation
         text = np.empty(n, np.int32)
         text[order] = x["inputs"][:n]  # the content holds the text, permuted
-        assert text[-1] == 1 and (text[:-1] == stream[start:start + n - 1]).all()  # EOS ends each piece
-        start += n - 1
+        assert (text == stream[start:start + n]).all()  # no EOS: id 1 is Hugging Face MPNet's padding
+        start += n
         assert (x["targets"] == x["inputs"][n - b:n]).all()  # the order's tail is predicted
         assert (x["positions"][n:] == order[n - b:]).all()  # its mask tokens stand at its positions
         assert (x["loss_mask"] == 1).all()
@@ -51,8 +50,8 @@ def test_rows_are_the_permuted_text_then_the_masks_at_the_predicted_positions(ex
 
 def test_orders_are_uniform_and_the_predicted_ones_are_the_last_of_them():
     """Over 3000 three-token pieces (one predicted), all 3! orders appear about equally often."""
-    out = mpnet_rows([np.arange(10, 10 + 3 * 3000)], {"inputs": 4, "targets": 1}, add_eos=False,
-                     predict_fraction=0.3, mask_rate=1.0, random_rate=0.0)
+    out = mpnet_rows([np.arange(10, 10 + 3 * 3000)], {"inputs": 4, "targets": 1}, predict_fraction=0.3,
+                     mask_rate=1.0, random_rate=0.0)
     counts = {perm: 0 for perm in itertools.permutations(range(3))}
     for x in out:
         assert list(x["inputs"][3:]) == [MASK_ID] and x["positions"][3] == x["positions"][2]
