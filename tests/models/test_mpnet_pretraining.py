@@ -171,3 +171,32 @@ def test_the_pretraining_model_has_mpnets_parameters_and_refuses_what_its_layers
         model = MPNetPretraining(dataclasses.replace(CONFIG, **change))
         with pytest.raises(ValueError, match=f"does not support MPNetConfig {{'{next(iter(change))}'"):
             jax.eval_shape(model.init, jax.random.key(0), tokens, positions, loss_mask)
+
+
+def test_on_the_tasks_rows_each_query_reads_its_own_mask_and_never_its_token():
+    """End to end on `ptmjax_stdlib_masked_permuted_lm` through its feature converter (tiny gin config, pad id 1):
+    query k's logits change with its mask slot's token and never with the token it predicts."""
+    from conftest import load_gin_config
+
+    from ptmjax.data import pipeline
+    from ptmjax.families.registry import family_of
+
+    model = MPNetPretraining(load_gin_config("mpnet_tiny", MPNetConfig))
+    batch = next(pipeline.get_dataset(
+        "ptmjax_stdlib_masked_permuted_lm", "validation", {"inputs": 64, "targets": 9}, 2, seed=0, shuffle=False,
+        pack=False, feature_converter=family_of(model).feature_converter,
+    ).as_numpy_iterator())
+    tokens, positions, loss_mask = batch["input_tokens"], batch["positions"], batch["loss_mask"]
+    variables = model.init(jax.random.key(0), tokens, positions, loss_mask)
+    logits = jax.jit(model.apply)
+    base = np.asarray(logits(variables, tokens, positions, loss_mask))
+    for row in range(len(tokens)):
+        b, filled = int(loss_mask[row].sum()), int((tokens[row] != 0).sum())
+        n = filled - b
+        assert (batch["target_tokens"][row, :b] == tokens[row, n - b:n]).all()
+        for k in (0, b - 1):
+            for slot, moves in ((n - b + k, False), (n + k, True)):
+                changed = tokens.copy()
+                changed[row, slot] = 3 + (changed[row, slot] - 2) % 2000
+                diff = np.abs(np.asarray(logits(variables, changed, positions, loss_mask)) - base)[row, k].max()
+                assert (diff > 1e-4) if moves else (diff == 0.0), (row, k, slot, diff)
