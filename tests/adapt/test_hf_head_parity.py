@@ -38,6 +38,8 @@ BERT = BertConfig(vocab_size=99, d_model=24, num_heads=3, num_layers=2, d_ff=40,
 ENCODERS = {
     "bert": BERT,
     "roberta": dataclasses.replace(BERT, pad_token_id=1, positions_after_padding=True, max_length=22),
+    "xlm_roberta": dataclasses.replace(BERT, pad_token_id=1, positions_after_padding=True, max_length=22,
+                                       hf_model_type="xlm-roberta"),  # XLMRobertaFor...
     "albert": AlbertConfig(vocab_size=99, embedding_size=16, d_model=24, num_heads=3, num_layers=2, d_ff=40,
                            max_length=20, sop_head=False, **NO_DROPOUT),
     "electra": ElectraConfig(vocab_size=99, embedding_size=16, d_model=24, num_heads=3, num_layers=2, d_ff=40,
