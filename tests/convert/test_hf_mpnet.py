@@ -1,5 +1,6 @@
 """MPNet folders through `ptmjax.convert.hf` and `ptmjax convert`: MPNetForMaskedLM (with its WordPiece
-tokenizer) and MPNetModel import and export bit-identically; an MPNet pre-training run exports as an
+tokenizer, which `ptmjax.load` encodes, embeds and fills masks with as transformers does) and MPNetModel
+import and export bit-identically; an MPNet pre-training run exports as an
 MPNetForMaskedLM that computes what the run's encoder computes. Logit parity: tests/models/test_mpnet_parity.py."""
 
 import json
@@ -11,6 +12,7 @@ import pytest
 from hf_folders import saved, trained
 from tokenizers import models, pre_tokenizers, trainers
 
+import ptmjax
 from ptmjax import cli, gin_files
 from ptmjax.families.model_api import model_api
 from ptmjax.models import MPNet, MPNetConfig
@@ -74,6 +76,19 @@ def test_cli_convert_both_ways_with_the_tokenizer(tmp_path):
     vocab = gin_files.folder_vocabulary(folder)
     for text in TEXTS:
         assert list(vocab.encode(text)) == tokenizer(text, add_special_tokens=False)["input_ids"]
+    loaded = ptmjax.load(folder.path)  # tokenizes as transformers, with <s> ... </s>
+    ids = loaded.tokenize(TEXTS)
+    assert ids == tokenizer(TEXTS)["input_ids"]
+    with torch.no_grad():
+        want = [original.mpnet(torch.tensor([row])).last_hidden_state[0].numpy() for row in ids]
+    assert max(np.abs(ours - ref).max() for ours, ref in zip(loaded.hidden_states(TEXTS), want, strict=True)) < 1e-5
+    masked = ["Return the <mask> of a and b.", "Open a <mask>, read it."]
+    for text, answers in zip(masked, loaded.fill_mask(masked, top_k=3), strict=True):
+        row = tokenizer(text, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            top = original(row).logits[0, row[0].tolist().index(tokenizer.mask_token_id)].softmax(-1).topk(3)
+        assert [token for token, _ in answers[0]] == [tokenizer.decode([i]) for i in top.indices.tolist()], text
+        np.testing.assert_allclose([p for _, p in answers[0]], top.values.numpy(), atol=1e-6)
     out = tmp_path / "out"
     assert cli.main(["convert", "--from", folder.path, "--to-hf", str(out)]) == 0
     assert_same_weights(transformers.MPNetForMaskedLM.from_pretrained(out), original)
