@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import seqio
@@ -34,6 +35,13 @@ CONVENTIONAL_NAMES = {
     "bos": ("<s>",),
     "mask": ("[MASK]", "<mask>"),
 }
+
+
+class TemplatePiece(NamedTuple):
+    """One place of a tokenizer's template: a special token's id, or None where a text goes; its token type."""
+
+    special_id: int | None
+    type_id: int
 
 
 class HfTokenizerVocabulary(seqio.Vocabulary):
@@ -153,6 +161,20 @@ class HfTokenizerVocabulary(seqio.Vocabulary):
             return self._encoder.encode(s, add_special_tokens=True).ids
         finally:
             self._encoder.no_truncation()
+
+    def template(self, pair: bool = False) -> tuple[TemplatePiece, ...]:
+        """Where the tokenizer's post-processor puts its special tokens around one text or a pair, with each
+        place's token type: BERT's [CLS] a [SEP] (b [SEP]), types 0 (1); RoBERTa's <s> a </s> (</s> b </s>), all 0."""
+        encoding = self._encoder.encode("a", "a" if pair else None, add_special_tokens=True)
+        pieces: list[TemplatePiece] = []
+        previous = None
+        for token_id, sequence, type_id in zip(encoding.ids, encoding.sequence_ids, encoding.type_ids, strict=True):
+            if sequence is None:
+                pieces.append(TemplatePiece(token_id, type_id))
+            elif sequence != previous:
+                pieces.append(TemplatePiece(None, type_id))
+            previous = sequence
+        return tuple(pieces)
 
     @property
     def _base_vocab_size(self) -> int:

@@ -5,12 +5,14 @@ Task features (int32 unless said; [n] = the length of 'inputs'):
   classification: inputs [n], label (scalar; float32 for regression), optional token_type_ids [n].
   tagging: inputs [n], tags [n] (the tag id on each word's first sub-token, -1 where not scored).
   span QA: inputs [n] (question, separator, context), optional token_type_ids [n] (0 question, 1 context),
-    answer_start, answer_end (scalars: inclusive token indices into inputs).
+    optional context_mask [n] (1 on the context), answer_start, answer_end (scalars: inclusive token
+    indices into inputs).
   embedding pairs: inputs [n] (the anchor), targets [m] (its positive).
 Model features ([b, L] sequences, [b] scalars):
   classification: input_tokens, token_type_ids, label, example_weight.
   tagging: input_tokens, token_type_ids, tags (>= 0 everywhere), tag_weights (1 where scored).
-  span QA: input_tokens, token_type_ids, answer_start, answer_end, example_weight.
+  span QA: input_tokens, token_type_ids, context_mask (where an answer may lie: the task's, else the
+    token type 1 positions, else every real token), answer_start, answer_end, example_weight.
   embedding pairs: input_tokens [b, L], positive_tokens [b, 'targets' length], example_weight.
 token_type_ids are zeros when the task has none. 'example_weight' is 1 for
 every example (the train step normalises the loss by its sum: the number
@@ -133,12 +135,14 @@ class TokenTaggingFeatureConverter(TaskHeadFeatureConverter):
 
 
 class SpanQuestionAnsweringFeatureConverter(TaskHeadFeatureConverter):
-    """'inputs', 'answer_start', 'answer_end' [, 'token_type_ids'] -> 'input_tokens', 'token_type_ids',
-    'answer_start', 'answer_end', 'example_weight' (0 when the answer does not fit the length)."""
+    """'inputs', 'answer_start', 'answer_end' [, 'token_type_ids', 'context_mask'] -> 'input_tokens',
+    'token_type_ids', 'context_mask', 'answer_start', 'answer_end', 'example_weight' (0 when the answer does not
+    fit the length)."""
 
     LABELS = {"answer_start": tf.int32, "answer_end": tf.int32}
     MODEL_FEATURES = {
         **TaskHeadFeatureConverter.MODEL_FEATURES,
+        "context_mask": Spec(dtype=tf.int32),
         "answer_start": Spec(dtype=tf.int32, rank=0),
         "answer_end": Spec(dtype=tf.int32, rank=0),
         "example_weight": Spec(dtype=tf.int32, rank=0),
@@ -146,6 +150,11 @@ class SpanQuestionAnsweringFeatureConverter(TaskHeadFeatureConverter):
 
     def example_features(self, features: Features, length: int) -> dict[str, tf.Tensor]:
         out = super().example_features(features, length)
+        context = features.get("context_mask")
+        if context is None:
+            typed = tf.cast(out["token_type_ids"] == 1, tf.int32)
+            context = tf.cond(tf.reduce_any(typed > 0), lambda: typed, lambda: out["real"])
+        out["context_mask"] = tf.cast(context, tf.int32)[:length]
         start, end = features["answer_start"], features["answer_end"]
         fits = (start >= 0) & (start <= end) & (end < tf.shape(out["input_tokens"])[0])
         last = length - 1

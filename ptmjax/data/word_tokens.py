@@ -31,6 +31,13 @@ def encode_words(vocabulary: seqio.Vocabulary, words: Sequence[str]) -> tuple[li
     return ids, starts
 
 
+def first_character(vocabulary: seqio.Vocabulary, ids: Sequence[int], start: int) -> int:
+    """The index of a word's first id that holds one of its characters: `start`, or the next one when the id at
+    `start` is a bare space (byte-level BPE's 'Ġ', SentencePiece's '▁', a space byte before a character that
+    does not merge with it). Transformers' question-answering examples start an answer there."""
+    return start + 1 if not vocabulary.decode([ids[start]]).strip() else start
+
+
 def require_eos(vocabulary: seqio.Vocabulary, task: str) -> int:
     """The vocabulary's EOS id, which ends (and in QA separates) the inputs of `task`."""
     if vocabulary.eos_id is None:

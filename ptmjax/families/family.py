@@ -92,7 +92,8 @@ class Family:
       kind: how its stacks are arranged (`Kind`).
       converter: its seqio feature converter class, by name (`feature_converter` is the class).
       init_inputs: the model inputs that `module.init` needs, each with the shape and dtype it is initialised on.
-      target_fields: batch features the loss reads and the module does not take.
+      target_fields: batch features the module does not take (the loss's targets and weights, the predictions'
+        masks).
       targets: the [batch, length] feature of target token ids that `score` reads; None for a
         fine-tuning head, which has no target tokens to score.
       loss_weights: the feature that weighs the targets ([batch, length], or [batch] for a head that

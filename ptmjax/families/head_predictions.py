@@ -32,11 +32,8 @@ def values(outputs: Array, batch: Mapping[str, Array]) -> Array:
 
 
 def answer_spans(outputs: Any, batch: Mapping[str, Array]) -> Array:
-    """Rows whose token types mark no context (a task without them) may answer with any real token."""
-    types = batch.get("token_type_ids")
-    real = (batch["input_tokens"] != 0).astype(jnp.int32)
-    context = real if types is None else jnp.where(jnp.any(types == 1, axis=1, keepdims=True), types, real)
-    start, end, _ = best_span(outputs.start_logits, outputs.end_logits, MAX_ANSWER_LENGTH, context)
+    """Spans within each row's 'context_mask' (SpanQuestionAnsweringFeatureConverter gives it)."""
+    start, end, _ = best_span(outputs.start_logits, outputs.end_logits, MAX_ANSWER_LENGTH, batch["context_mask"])
     return jnp.stack([start, end], axis=-1)
 
 

@@ -159,7 +159,8 @@ TOKEN_TAGGING = dataclasses.replace(
 )
 SPAN_QUESTION_ANSWERING = dataclasses.replace(
     SEQUENCE_CLASSIFICATION, converter=ConverterName(HEAD_CONVERTERS, "SpanQuestionAnsweringFeatureConverter"),
-    target_fields=("answer_start", "answer_end", "example_weight"), loss=losses.span_question_answering_loss,
+    target_fields=("answer_start", "answer_end", "example_weight", "context_mask"),
+    loss=losses.span_question_answering_loss,
     task_head="QuestionAnswering", head_predictions=head_predictions.answer_spans,
 )
 

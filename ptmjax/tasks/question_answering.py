@@ -12,15 +12,23 @@ context is the whole paragraph: the model must find where the question's words o
 span between them. Examples: 1,919 train and 221 validation on CPython 3.11 (answers of 1 word: 1,771
 and 203). Features:
 
-* 'inputs' [n] int32: question ids, EOS (the separator), context ids, EOS (`word_tokens.encode_words`);
-* 'token_type_ids' [n] int32: 0 for the question and the separator, 1 for the context and the last EOS;
+* 'inputs' [n] int32: the question's and the context's ids (`word_tokens.encode_words`) in the
+  vocabulary's template for a pair (`head_inputs.templated`): question, EOS (the separator), context, EOS;
+  with an imported tokenizer, its own (`[CLS] question [SEP] context [SEP]`, `<s> question </s></s>
+  context </s>`), as transformers' `tokenizer(question, context)` gives them;
+* 'token_type_ids' [n] int32: the template's token types (0 for the question and the separator, 1 for the
+  context and the last EOS; an imported tokenizer's own: BERT's 0 then 1, RoBERTa's all 0);
+* 'context_mask' [n] int32: 1 on the context's ids, where an answer may start and end;
 * 'answer_start', 'answer_end' int32 scalars: inclusive indices into 'inputs' of the answer's first and
-  last ids (whole words: decoding them gives the answer text, as the vocabulary normalises it);
+  last ids (whole words: decoding them gives the answer text, as the vocabulary normalises it; the first is
+  the first id holding a character of the answer, `word_tokens.first_character`, as in transformers'
+  question-answering examples);
 * 'answers', 'context', 'question' strings: the answer text, the paragraph and the question.
 
-With a sequence length for 'inputs' (L), a longer example keeps its first L - 1 ids, then EOS; an
-example whose answer would be cut (answer_end >= L - 1) is dropped (`num_dropped`): with the stdlib
-SentencePiece vocabulary 67 train and 9 validation examples at L = 128, 9 and 0 at L = 256, none at 512.
+With a sequence length for 'inputs' (L), a longer example keeps its first ids and the template's closing
+special ids (EOS, [SEP]) within L, as transformers' `truncation="only_second"`; an example whose answer
+would be cut is dropped (`num_dropped`): with the stdlib SentencePiece vocabulary 67 train and 9
+validation examples at L = 128, 9 and 0 at L = 256, none at 512.
 
 Metric: `metrics.squad` ('em', 'f1', 0-100): the postprocessor gives an example's [answer] as its target
 and leaves a prediction, the decoded text of the predicted span, as it is. Chance level
@@ -42,7 +50,7 @@ import tensorflow as tf
 
 from ptmjax import metrics
 from ptmjax.data import code_spans, corpus, docstring_paragraphs, vocabularies, word_tokens
-from ptmjax.tasks import registry, text_to_text
+from ptmjax.tasks import head_inputs, registry, text_to_text
 
 QA_TASK = "ptmjax_stdlib_code_qa"
 QUESTION_WINDOW = 6
@@ -82,15 +90,18 @@ def cloze_questions(split: str) -> tuple[ClozeQuestion, ...]:
 
 def qa_features(question: ClozeQuestion, vocabulary: seqio.Vocabulary) -> dict[str, Any]:
     """The untruncated features of one example (see the module doc)."""
-    eos = word_tokens.require_eos(vocabulary, QA_TASK)
     question_ids, _ = word_tokens.encode_words(vocabulary, question.question)
     context_ids, starts = word_tokens.encode_words(vocabulary, question.context)
-    offset = len(question_ids) + 1
+    placed = head_inputs.templated(head_inputs.template(vocabulary, True, QA_TASK), [question_ids, context_ids])
+    offset = placed.starts[1]
+    context_mask = np.zeros(len(placed.ids), np.int32)
+    context_mask[offset : offset + len(context_ids)] = 1
     after_answer = starts[question.last + 1] if question.last + 1 < len(starts) else len(context_ids)
     return {
-        "inputs": np.asarray([*question_ids, eos, *context_ids, eos], np.int32),
-        "token_type_ids": np.asarray([0] * offset + [1] * (len(context_ids) + 1), np.int32),
-        "answer_start": np.int32(offset + starts[question.first]),
+        "inputs": placed.ids,
+        "token_type_ids": placed.type_ids,
+        "context_mask": context_mask,
+        "answer_start": np.int32(offset + word_tokens.first_character(vocabulary, context_ids, starts[question.first])),
         "answer_end": np.int32(offset + after_answer - 1),
         "answers": question.answer,
         "context": " ".join(question.context),
@@ -98,8 +109,9 @@ def qa_features(question: ClozeQuestion, vocabulary: seqio.Vocabulary) -> dict[s
     }
 
 
+_SEQUENCES = ("inputs", "token_type_ids", "context_mask")
 _SIGNATURE = {
-    **{key: tf.TensorSpec([None], tf.int32) for key in ("inputs", "token_type_ids")},
+    **{key: tf.TensorSpec([None], tf.int32) for key in _SEQUENCES},
     **{key: tf.TensorSpec([], tf.int32) for key in ("answer_start", "answer_end")},
     **{key: tf.TensorSpec([], tf.string) for key in ("answers", "context", "question")},
 }
@@ -116,26 +128,25 @@ def qa_dataset_fn(
     return dataset
 
 
-def truncate_qa(dataset: tf.data.Dataset, sequence_length: Mapping[str, int] | None) -> tf.data.Dataset:
-    """Drops examples whose answer a cut to sequence_length['inputs'] would lose and cuts the rest (no length:
-    unchanged)."""
+def truncate_qa(
+    dataset: tf.data.Dataset, sequence_length: Mapping[str, int] | None, suffix: int = 1
+) -> tf.data.Dataset:
+    """Drops examples whose answer a cut to sequence_length['inputs'] would lose and cuts the rest, keeping the
+    `suffix` closing special ids (no length: unchanged)."""
     length = (sequence_length or {}).get("inputs")
     if length is None:
         return dataset
-
-    def truncate(features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        kept = tf.minimum(tf.size(features["inputs"]) - 1, length - 1)
-        cut = {key: tf.concat([features[key][:kept], features[key][-1:]], 0) for key in ("inputs", "token_type_ids")}
-        return {**features, **cut}
-
-    dataset = dataset.filter(lambda features: features["answer_end"] < length - 1)
-    return dataset.map(truncate, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.filter(lambda features: features["answer_end"] < length - suffix)
+    return dataset.map(lambda features: {**features, **head_inputs.cut_keeping_suffix(features, _SEQUENCES, length,
+                                                                                       suffix)},
+                       num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def num_dropped(split: str, length: int, vocabulary: seqio.Vocabulary | None = None) -> int:
     """How many examples of `split` `truncate_qa` drops at inputs length `length`."""
     vocabulary = vocabulary or vocabularies.stdlib_sentencepiece_vocabulary()
-    return sum(int(qa_features(q, vocabulary)["answer_end"]) >= length - 1 for q in cloze_questions(split))
+    kept = length - head_inputs.suffix_length(head_inputs.template(vocabulary, True, QA_TASK))
+    return sum(int(qa_features(q, vocabulary)["answer_end"]) >= kept for q in cloze_questions(split))
 
 
 def answers_postprocessor(output: Any, example: Mapping[str, Any] | None = None, is_target: bool = False) -> Any:
@@ -152,21 +163,24 @@ def first_tokens_baseline(split: str = "validation", vocabulary: seqio.Vocabular
     targets, predictions = [], []
     for question in cloze_questions(split):
         features = qa_features(question, vocabulary)
-        context_start = int(np.argmax(features["token_type_ids"]))
+        context_start = int(np.argmax(features["context_mask"]))
         predictions.append(vocabulary.decode(features["inputs"][context_start : context_start + k].tolist()))
         targets.append([question.answer])
     return {**metrics.squad(targets, predictions), "k": float(k)}
 
 
 def register_qa_task(vocabulary: seqio.Vocabulary | None = None) -> seqio.Task:
-    """(Re-)registers the task of the module doc; vocabulary defaults to the stdlib SentencePiece one."""
+    """(Re-)registers the task of the module doc; vocabulary defaults to the stdlib SentencePiece one (an
+    imported model's: `register_qa_task.vocabulary = @folder_vocabulary()`)."""
     vocabulary = vocabulary or vocabularies.stdlib_sentencepiece_vocabulary()
     source = seqio.FunctionDataSource(functools.partial(qa_dataset_fn, vocabulary=vocabulary), splits=corpus.SPLITS)
     ids = seqio.PassThroughVocabulary(2)
-    features = {"inputs": seqio.Feature(vocabulary, add_eos=True), "token_type_ids": seqio.Feature(ids, add_eos=False),
-                "answer_start": seqio.Feature(ids, add_eos=False, rank=0),
-                "answer_end": seqio.Feature(ids, add_eos=False, rank=0)}
-    return registry.register_task(QA_TASK, source, [truncate_qa], vocabulary, [metrics.squad], answers_postprocessor,
+    features = {"inputs": seqio.Feature(vocabulary, add_eos=True),
+                **{key: seqio.Feature(ids, add_eos=False) for key in ("token_type_ids", "context_mask")},
+                **{key: seqio.Feature(ids, add_eos=False, rank=0) for key in ("answer_start", "answer_end")}}
+    suffix = head_inputs.suffix_length(head_inputs.template(vocabulary, True, QA_TASK))
+    truncate = functools.partial(truncate_qa, suffix=suffix)
+    return registry.register_task(QA_TASK, source, [truncate], vocabulary, [metrics.squad], answers_postprocessor,
                                   features)
 
 

@@ -5,13 +5,16 @@ one example per docstring paragraph (`docstring_paragraphs`: 3,228 train and 362
 CPython 3.11), its words tagged by `code_spans` with the BIO tags `TAGS` = O, B-IDENT, I-IDENT,
 B-LIT, I-LIT (ids 0-4). Features:
 
-* 'inputs' [n] int32: the words' ids (`word_tokens.encode_words`), then EOS;
-* 'tags' [n] int32: each word's tag id on its first id, -1 on its other ids and on EOS;
+* 'inputs' [n] int32: the words' ids (`word_tokens.encode_words`) in the vocabulary's template for one
+  text (`head_inputs.templated`): then EOS; with an imported tokenizer, its special tokens around them
+  (`[CLS] ... [SEP]`), as transformers' `tokenizer(" ".join(words))` gives them;
+* 'tags' [n] int32: each word's tag id on its first id, -1 on its other ids and on the special ids;
 * 'words' [w] string: the words whose tags are in the example (for reading).
 
-With a sequence length for 'inputs' (L), a longer example keeps its first L - 1 ids, then EOS, and the
-words whose first id it kept (a cut word's tag stays on its first id). The vocabulary may be any seqio
-vocabulary with an EOS id; what a word's first id is for each kind is said in `word_tokens`.
+With a sequence length for 'inputs' (L), a longer example keeps its first ids and the template's closing
+special ids (EOS, [SEP]) within L, and the words whose first id it kept (a cut word's tag stays on its first
+id), as transformers' truncation to max_length L. The vocabulary may be any seqio vocabulary with an EOS id
+or a template; what a word's first id is for each kind is said in `word_tokens`.
 
 Words (scored tokens) on CPython 3.11, train / validation: 72,067 / 8,553; tags O 90.3 / 91.1%,
 B-IDENT 4.8 / 4.7%, I-IDENT 1.3 / 1.1%, B-LIT 3.1 / 2.6%, I-LIT 0.4 / 0.5%. Chance level
@@ -37,7 +40,7 @@ import tensorflow as tf
 
 from ptmjax import metrics
 from ptmjax.data import code_spans, corpus, docstring_paragraphs, vocabularies, word_tokens
-from ptmjax.tasks import registry
+from ptmjax.tasks import head_inputs, registry
 
 TAGGING_TASK = "ptmjax_stdlib_code_tagging"
 TAGS = code_spans.TAGS
@@ -56,11 +59,11 @@ def word_tags(split: str) -> tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]
 
 def tagging_features(words: tuple[str, ...], tags: tuple[int, ...], vocabulary: seqio.Vocabulary) -> dict:
     """The untruncated features of one example (see the module doc)."""
-    eos = word_tokens.require_eos(vocabulary, TAGGING_TASK)
     ids, starts = word_tokens.encode_words(vocabulary, words)
-    token_tags = np.full(len(ids) + 1, UNSCORED, np.int32)
-    token_tags[starts] = tags
-    return {"inputs": np.asarray([*ids, eos], np.int32), "tags": token_tags, "words": np.asarray(words, object)}
+    placed = head_inputs.templated(head_inputs.template(vocabulary, False, TAGGING_TASK), [ids])
+    token_tags = np.full(len(placed.ids), UNSCORED, np.int32)
+    token_tags[placed.starts[0] + np.asarray(starts, np.int64)] = tags
+    return {"inputs": placed.ids, "tags": token_tags, "words": np.asarray(words, object)}
 
 
 def tagging_dataset_fn(
@@ -78,18 +81,19 @@ def tagging_dataset_fn(
     return dataset
 
 
-def truncate_tagging(dataset: tf.data.Dataset, sequence_length: Mapping[str, int] | None) -> tf.data.Dataset:
-    """Cuts examples longer than sequence_length['inputs'] as the module doc says (no length: unchanged)."""
+def truncate_tagging(
+    dataset: tf.data.Dataset, sequence_length: Mapping[str, int] | None, suffix: int = 1
+) -> tf.data.Dataset:
+    """Cuts examples longer than sequence_length['inputs'] as the module doc says, keeping the `suffix` closing
+    special ids (no length: unchanged)."""
     length = (sequence_length or {}).get("inputs")
     if length is None:
         return dataset
 
     def truncate(features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        kept = tf.minimum(tf.size(features["inputs"]) - 1, length - 1)
-        tags = features["tags"][:kept]
-        num_words = tf.reduce_sum(tf.cast(tags != UNSCORED, tf.int32))
-        return {"inputs": tf.concat([features["inputs"][:kept], features["inputs"][-1:]], 0),
-                "tags": tf.concat([tags, [UNSCORED]], 0), "words": features["words"][:num_words]}
+        cut = head_inputs.cut_keeping_suffix(features, ("inputs", "tags"), length, suffix)
+        num_words = tf.reduce_sum(tf.cast(cut["tags"] != UNSCORED, tf.int32))
+        return {**cut, "words": features["words"][:num_words]}
 
     return dataset.map(truncate, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -106,14 +110,17 @@ def all_outside_baseline(split: str = "validation") -> dict[str, float]:
 
 
 def register_tagging_task(vocabulary: seqio.Vocabulary | None = None) -> seqio.Task:
-    """(Re-)registers the task of the module doc; vocabulary defaults to the stdlib SentencePiece one."""
+    """(Re-)registers the task of the module doc; vocabulary defaults to the stdlib SentencePiece one (an
+    imported model's: `register_tagging_task.vocabulary = @folder_vocabulary()`)."""
     vocabulary = vocabulary or vocabularies.stdlib_sentencepiece_vocabulary()
     source = seqio.FunctionDataSource(
         functools.partial(tagging_dataset_fn, vocabulary=vocabulary), splits=corpus.SPLITS
     )
+    suffix = head_inputs.suffix_length(head_inputs.template(vocabulary, False, TAGGING_TASK))
     features = {"inputs": seqio.Feature(vocabulary, add_eos=True),
                 "tags": seqio.Feature(seqio.PassThroughVocabulary(len(TAGS)), add_eos=False)}
-    return registry.register_task(TAGGING_TASK, source, [truncate_tagging], vocabulary, [metrics.token_tagging(TAGS)],
+    truncate = functools.partial(truncate_tagging, suffix=suffix)
+    return registry.register_task(TAGGING_TASK, source, [truncate], vocabulary, [metrics.token_tagging(TAGS)],
                                   tags_postprocessor, features)
 
 
