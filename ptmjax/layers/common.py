@@ -9,7 +9,8 @@ import jax.numpy as jnp
 Array = jax.Array
 DType = jnp.dtype | type
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# float16 activations need dynamic loss scaling to train (ptmjax/training/loss_scaling.py).
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # Logical names of the [batch, length, embed] hidden states and the [batch, length, vocab] logits.
 HIDDEN_AXES = ("activation_batch", "activation_length", "activation_embed")
 LOGIT_AXES = ("activation_batch", "activation_length", "activation_vocab")

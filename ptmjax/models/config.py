@@ -22,7 +22,8 @@ class ModelConfig(LayerStackConfig):
 
     dropout_rate: on embeddings and residual branches.
     layer_norm_epsilon: of every norm.
-    dtype: activation/compute dtype ('float32' or 'bfloat16'); param_dtype: storage dtype.
+    dtype: activation/compute dtype ('float32', 'bfloat16', or 'float16' with DynamicLossScale);
+      param_dtype: storage dtype.
     remat_policy, scan_layers, layerdrop, decoder_layerdrop: how the layer stacks run (LayerStackConfig).
     attention_kernel: 'einsum' (the reference), 'xla' / 'cudnn' for `jax.nn.dot_product_attention`
       with that implementation (an unpacked batch's padding goes to them as sequence lengths, so it

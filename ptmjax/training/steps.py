@@ -32,6 +32,7 @@ from ptmjax.families.losses import Stats
 from ptmjax.families.model_api import Batch, ModelApi
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.training.extra_state import ExtraState, ParamsView, constrained
+from ptmjax.training.loss_scaling import LOSS_SCALE, DynamicLossScale
 from ptmjax.training.nonfinite import FINITE
 from ptmjax.training.objective import Objective, family_loss
 from ptmjax.training.train_state import TrainState
@@ -63,9 +64,12 @@ def make_train_step(
     step, those are kept, the new parameters are constrained by those of `extra_state`
     that are ParamsConstraints (pruning masks), and each of `extra_state` then updates its
     entry from them (ptmjax/training/extra_state.py).
+    A DynamicLossScale among `extra_state` scales the loss before the gradient and the gradients back;
+    a step whose gradients overflow is skipped and counts as finite (ptmjax/training/loss_scaling.py).
     """
 
     loss_weights = api.family.loss_weights
+    scaling = next((slot for slot in extra_state if isinstance(slot, DynamicLossScale)), None)
 
     def grads_and_stats(chosen, params, extra, batch, rng, batch_loss_scale):
         """Gradients of the selected leaves (a list), the batch's stats and the extra state after it."""
@@ -73,7 +77,8 @@ def make_train_step(
             token_loss, batch_loss, stats, new = objective(
                 api, chosen.put(params, selected), batch, loss_config, rng, extra
             )
-            return token_loss + batch_loss * batch_loss_scale, (stats, new)
+            loss = token_loss + batch_loss * batch_loss_scale
+            return (loss if scaling is None else loss * extra[LOSS_SCALE]["scale"]), (stats, new)
         (_, (stats, new)), grads = jax.value_and_grad(loss_fn, has_aux=True)(chosen.take(params))
         return grads, stats, _with_new_values(extra, new)
 
@@ -106,7 +111,8 @@ def make_train_step(
             batch_loss_scale = normalizer / num_microbatches
             step_grads = grads_and_stats if num_microbatches == 1 else accumulate
             grads, stats, new_extra = step_grads(chosen, state.params, state.extra, batch, rng, batch_loss_scale)
-            grads = [g / normalizer for g in grads]
+            divisor = normalizer if scaling is None else normalizer * state.extra[LOSS_SCALE]["scale"]
+            grads = [g / divisor for g in grads]
             # Keeps XLA from fusing the optimizer's elementwise update into the
             # gradient computation, which made AdamW steps 1.5x slower on CPU.
             grads = jax.lax.optimization_barrier(grads)
@@ -114,7 +120,8 @@ def make_train_step(
             metrics = stats.metrics()
             metrics["grad_norm"] = optax.tree.norm(grads)
             metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
-            finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+            loss_finite, grads_finite = jnp.isfinite(metrics["loss"]), jnp.isfinite(metrics["grad_norm"])
+            finite = loss_finite & grads_finite
 
             def updated():
                 updates, opt_state = tx.update(all_grads, state.opt_state, state.params)
@@ -130,6 +137,11 @@ def make_train_step(
             )
         params = chosen.put(state.params, trained)
         metrics[FINITE] = finite
+        if scaling is not None:
+            used = state.extra[LOSS_SCALE]
+            metrics[FINITE] = finite | scaling.overflowed(used, loss_finite, grads_finite)
+            metrics[LOSS_SCALE] = used["scale"]
+            extra = {**extra, LOSS_SCALE: scaling.after_step(used, finite)}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state, extra=extra), metrics
 
     return train_step
