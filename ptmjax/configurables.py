@@ -39,6 +39,7 @@ from ptmjax.tasks import (  # noqa: F401
 from ptmjax.tasks.benchmarks import glue, squad, summarization, superglue, translation
 from ptmjax.training import (  # noqa: F401
     layer_depth,
+    loss_scaling,
     multihost,
     nonfinite,
     optimizers,

@@ -68,8 +68,9 @@ def prefix_lm_self_mask(
 
 
 def mask_to_bias(mask: Array, dtype: DType = jnp.float32) -> Array:
-    """Boolean mask -> additive bias: 0 where allowed, a large negative number elsewhere."""
-    return jnp.where(mask, 0.0, NEG_INF).astype(dtype)
+    """Boolean mask -> additive bias: 0 where allowed, a large negative number elsewhere (in float16 half its
+    lowest finite value, so that the bias plus a logit stays finite and a fully masked row gives no NaN)."""
+    return jnp.where(mask, 0.0, max(NEG_INF, float(jnp.finfo(dtype).min) / 2)).astype(dtype)
 
 
 @flax.struct.dataclass

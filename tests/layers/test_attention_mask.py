@@ -3,6 +3,7 @@ non-padding tokens of a segment), the decoder's (causal within a segment) and cr
 the encoder's non-padding tokens of the query's segment), packed or not, plus a bias; each checked
 against its definition spelled out position by position."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from ptmjax.layers.attention_mask import (
     cross_attention_mask,
     decoder_attention_mask,
     encoder_attention_mask,
+    mask_to_bias,
 )
 
 SEGMENTS = np.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
@@ -89,3 +91,15 @@ def test_unpacked_masks_reach_the_fused_kernels_as_lengths_and_packed_ones_as_a_
     queries, keys = cross.sequence_lengths()
     np.testing.assert_array_equal(queries, [4, 4])
     np.testing.assert_array_equal(keys, [5, 3])
+
+
+def test_a_float16_bias_stays_finite_with_a_logit_added_so_a_fully_masked_row_has_no_nan():
+    mask = jnp.asarray([[[[True, False, False], [False, False, False]]]])
+    bias = mask_to_bias(mask, jnp.float16)
+    assert bias.dtype == jnp.float16 and float(bias[0, 0, 0, 1]) == -32752.0  # -1e10 is -inf in float16
+    logits = bias + jnp.asarray([[[[-30000.0, -30000.0, 2.0], [-30000.0, 5.0, 0.0]]]], jnp.float16)
+    assert bool(jnp.isfinite(logits).all())
+    probabilities = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    np.testing.assert_allclose(probabilities[0, 0, 0], [1.0, 0.0, 0.0], atol=1e-6)
+    assert bool(jnp.isfinite(probabilities).all())
+    assert float(mask_to_bias(mask, jnp.float32)[0, 0, 0, 1]) == -1e10  # float32 and bfloat16 keep -1e10

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reliability.reliability_helpers_a import assert_trees_equal, records, run, saved_checkpoint
 
 from ptmjax import partitioning
 from ptmjax.families.token_loss import LossConfig
@@ -55,10 +56,6 @@ def train(run: Trainer, steps: int, overflow_at: int | None = None, loss_weight:
         states.append(jax.device_get(state))
         metrics.append(jax.device_get(step_metrics))
     return states, metrics
-
-
-def assert_trees_equal(a, b):
-    jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
 def test_in_float32_scaled_training_equals_unscaled_bit_for_bit():
@@ -124,3 +121,15 @@ def test_float16_gradients_too_small_for_float16_are_right_with_loss_scaling_and
     np.testing.assert_allclose(grad_norm["scaled"], grad_norm["float32"], rtol=5e-3)  # measured 2.3e-3
     np.testing.assert_allclose(loss["scaled"], loss["float32"], rtol=1e-4)  # measured 3.7e-5
     assert np.max(np.abs(grad_norm["unscaled"] / grad_norm["float32"] - 1)) > 0.2  # measured 1.26
+
+
+@pytest.mark.slow
+def test_a_resumed_run_carries_the_scale_and_its_count_and_equals_an_uninterrupted_one(tmp_path):
+    scaling = [DynamicLossScale(initial_scale=2.0**10, growth_interval=3)]
+    run(tmp_path / "straight", num_steps=4, extra_state=scaling)
+    run(tmp_path / "resumed", num_steps=2, extra_state=scaling)  # 2 of the 3 finite steps before growth
+    run(tmp_path / "resumed", num_steps=4, extra_state=scaling)
+    want, got = saved_checkpoint(tmp_path / "straight", 4)["state"], saved_checkpoint(tmp_path / "resumed", 4)["state"]
+    assert_trees_equal(got, want)
+    assert float(got["extra"][LOSS_SCALE]["scale"]) == 2.0**11 and int(got["extra"][LOSS_SCALE]["finite_steps"]) == 1
+    assert [r[LOSS_SCALE] for r in records(tmp_path / "resumed") if LOSS_SCALE in r] == [2.0**10] * 3 + [2.0**11]
