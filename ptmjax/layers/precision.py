@@ -4,7 +4,8 @@ or `ragged_dot` here, and takes the policy of its operands.
 The operands' result type, which a model config's `dtype` sets, picks the policy:
 
 - 'plain' (float32, or float64 in tests): the product XLA gives, bit for bit `jnp.einsum`,
-  `jax.lax.dot_general`, `jnp.matmul` and `jax.lax.ragged_dot`.
+  `jax.lax.dot_general`, `jnp.matmul` and `jax.lax.ragged_dot`. float16 takes it too: its products as
+  XLA gives them (float16 activations train with dynamic loss scaling, ptmjax/training/loss_scaling.py).
 - 'bfloat16': bfloat16 operands, float32 accumulation, a bfloat16 result, forward and backward
   (ptmjax/layers/mixed_precision.py: on the CPU a float32-accumulating form; on TPUs and GPUs, whose
   bfloat16 products accumulate in float32 already, the plain product).
