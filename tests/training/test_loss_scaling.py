@@ -23,14 +23,14 @@ CONFIG = GPT2Config(vocab_size=64, d_model=16, num_heads=2, num_layers=2, d_ff=3
                     dropout_rate=0.0, attention_dropout_rate=0.0)
 
 
-def trainer(extra_state=(), config=CONFIG, learning_rate=1e-2):
+def trainer(extra_state=(), config=CONFIG, learning_rate=1e-2, num_microbatches=1):
     def schedule(step):
         return jnp.asarray(learning_rate)
 
     mesh_config = MeshConfig()
     return Trainer(GPT2(config), adamw(schedule, max_grad_norm=None), schedule,
                    partitioning.make_mesh(mesh_config), mesh_config.rules, LossConfig(z_loss=0.0),
-                   extra_state=extra_state)
+                   num_microbatches=num_microbatches, extra_state=extra_state)
 
 
 def batch(step: int, mesh, loss_weight: float = 1.0):
@@ -58,9 +58,11 @@ def train(run: Trainer, steps: int, overflow_at: int | None = None, loss_weight:
     return states, metrics
 
 
-def test_in_float32_scaled_training_equals_unscaled_bit_for_bit():
-    scaled_states, scaled_metrics = train(trainer((DynamicLossScale(growth_interval=2),)), 4)
-    plain_states, plain_metrics = train(trainer(), 4)
+@pytest.mark.parametrize("num_microbatches", [1, 2])
+def test_in_float32_scaled_training_equals_unscaled_bit_for_bit(num_microbatches):
+    scaled_states, scaled_metrics = train(trainer((DynamicLossScale(growth_interval=2),),
+                                                  num_microbatches=num_microbatches), 4)
+    plain_states, plain_metrics = train(trainer(num_microbatches=num_microbatches), 4)
     for scaled, plain in zip(scaled_states, plain_states, strict=True):
         assert_trees_equal((scaled.params, scaled.opt_state), (plain.params, plain.opt_state))
     for scaled, plain in zip(scaled_metrics, plain_metrics, strict=True):
