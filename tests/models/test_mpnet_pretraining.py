@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import numpy_boxed_variables, perturbed_hf_model
+from conftest import load_gin_config, numpy_boxed_variables, perturbed_hf_model
 from scipy.special import erf
 
 from ptmjax.models.mpnet import MPNet, MPNetConfig, MPNetPretraining
@@ -176,8 +176,6 @@ def test_the_pretraining_model_has_mpnets_parameters_and_refuses_what_its_layers
 def test_on_the_tasks_rows_each_query_reads_its_own_mask_and_never_its_token():
     """End to end on `ptmjax_stdlib_masked_permuted_lm` through its feature converter (tiny gin config, pad id 1):
     query k's logits change with its mask slot's token and never with the token it predicts."""
-    from conftest import load_gin_config
-
     from ptmjax.data import pipeline
     from ptmjax.families.registry import family_of
 
