@@ -36,9 +36,12 @@ def adafactor(
 def adamw(
     learning_rate: optax.ScalarOrSchedule = gin.REQUIRED, b1: float = 0.9, b2: float = 0.999,
     eps: float = 1e-8, weight_decay: float = 0.01, max_grad_norm: float | None = 1.0,
+    decay_biases_and_norms: bool = True,
 ) -> optax.GradientTransformation:
-    """AdamW with optional global-norm gradient clipping."""
-    adam = optax.adamw(learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    """AdamW with optional global-norm gradient clipping. `decay_biases_and_norms=False` decays the
+    weights alone (`weights_not_biases_or_norms`), as BERT and Hugging Face's fine-tuning scripts do."""
+    mask = None if decay_biases_and_norms else weights_not_biases_or_norms
+    adam = optax.adamw(learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask)
     return clipped(adam, max_grad_norm)
 
 

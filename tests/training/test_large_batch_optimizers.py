@@ -16,7 +16,7 @@ from ptmjax.families.model_api import model_api
 from ptmjax.layers.layer_stack import scan, unscan
 from ptmjax.models import GPT2, GPT2Config
 from ptmjax.training import run
-from ptmjax.training.optimizers import lamb, lars, on_unscanned_layout, weights_not_biases_or_norms
+from ptmjax.training.optimizers import adamw, lamb, lars, on_unscanned_layout, weights_not_biases_or_norms
 
 LR, WD, STEPS = 0.1, 0.3, 3
 # Weights, biases and norms, and a zero kernel whose trust ratio must be 1 (||w|| = 0).
@@ -110,6 +110,30 @@ def test_excluding_biases_and_norms_changes_the_update():
     same = {k for k in ours if np.allclose(ours[k], everywhere[k], rtol=1e-12, atol=1e-14)}
     assert same == WEIGHTS
 
+
+
+def numpy_adamw(decayed: set[str], b1=0.9, b2=0.999, eps=1e-8) -> dict:
+    """Loshchilov and Hutter's AdamW (decoupled decay, scaled by the rate as optax does) in float64; only the
+    leaves in `decayed` decay."""
+    w = flat(tree(0))
+    m = {k: np.zeros_like(v) for k, v in w.items()}
+    v = {k: np.zeros_like(x) for k, x in w.items()}
+    for t in range(1, STEPS + 1):
+        g = flat(tree(t, 0.1))
+        for k in w:
+            m[k] = b1 * m[k] + (1 - b1) * g[k]
+            v[k] = b2 * v[k] + (1 - b2) * g[k] ** 2
+            u = (m[k] / (1 - b1**t)) / (np.sqrt(v[k] / (1 - b2**t)) + eps)
+            w[k] = w[k] - LR * (u + (WD * w[k] if k in decayed else 0.0))
+    return w
+
+
+@pytest.mark.parametrize("decay_biases_and_norms", [True, False])
+def test_adamw_decays_biases_and_norms_only_when_asked(decay_biases_and_norms):
+    got = optax_run(adamw(LR, weight_decay=WD, max_grad_norm=None, decay_biases_and_norms=decay_biases_and_norms))
+    want = numpy_adamw(set(flat(tree(0))) if decay_biases_and_norms else WEIGHTS)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-12, atol=1e-14, err_msg=k)
 
 PLAIN = GPT2Config(vocab_size=64, d_model=16, num_heads=2, num_layers=3, d_ff=32, max_length=16,
                    dropout_rate=0.0, attention_dropout_rate=0.0)
