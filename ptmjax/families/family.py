@@ -65,12 +65,15 @@ def _converter_class(module: str, name: str, pad_id: int | None) -> type[seqio.F
 class ProbedStack:
     """Where a model's probed layers are: the method returning the stack's final states, its token
     argument, the layers' parent path, and the padding id (GPT-2 masks none: after the real ids, causal
-    attention keeps padding from changing them)."""
+    attention keeps padding from changing them). With `characters_field` (ELMo) the method also takes each
+    token's character ids under that name and returns every layer itself, [layers + 1, b, s, d], and the
+    model has no attention maps."""
 
     method: str
     tokens_field: str
     path: tuple[str, ...]
     pad_id: int
+    characters_field: str | None = None
 
 
 ClozeLogits = Callable[["nn.Module", Any, Array, Array, int], Array]

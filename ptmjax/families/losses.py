@@ -69,8 +69,9 @@ class Stats:
 
     def metrics(self) -> dict[str, Array]:
         """Each metric's sum / count; 'loss' = token_loss + batch_loss (if any); 'num_tokens' = the weighted
-        target tokens."""
+        target tokens; every mean NLL '<name>_nll' also as '<name>_perplexity' (its exp)."""
         out = {k: self.sums[k] / jnp.maximum(self.counts[k], 1.0) for k in self.sums}
+        out.update({f"{k[: -len('_nll')]}_perplexity": jnp.exp(out[k]) for k in self.sums if k.endswith("_nll")})
         out["loss"] = out["token_loss"] + out.get("batch_loss", 0.0)
         out["num_tokens"] = self.counts["token_loss"]
         return out

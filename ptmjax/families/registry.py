@@ -15,11 +15,13 @@ from flax import linen as nn
 
 from ptmjax import decoding
 from ptmjax.families import cloze_logits, head_predictions, losses
+from ptmjax.families.bidirectional_lm import bidirectional_lm_family
 from ptmjax.families.family import HEAD_CONVERTERS, ConverterName, Family, Kind, ProbedStack, token_inputs
 from ptmjax.models.albert import Albert
 from ptmjax.models.bart import Bart
 from ptmjax.models.bert import Bert
 from ptmjax.models.electra import ElectraDiscriminator, ElectraGenerator, ElectraPretraining
+from ptmjax.models.elmo import Elmo
 from ptmjax.models.encoder import MaskedLMEncoder, PostLNEncoder
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 from ptmjax.models.encoder_tasks import (
@@ -214,6 +216,7 @@ FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
     EncoderForQuestionAnswering: lambda module: SPAN_QUESTION_ANSWERING,
     GPT2ForSequenceClassification: decoder_sequence_head_family,
     SentenceEncoder: sentence_embedding_family,
+    Elmo: bidirectional_lm_family,
 }
 
 # The model classes a user builds by name: each gin-configurable as `ptmjax.models.<class name>`.
@@ -221,7 +224,7 @@ MODEL_CLASSES: tuple[type[nn.Module], ...] = (
     EncoderDecoder, Bart, GPT2, Bert, Albert, ElectraPretraining, ElectraDiscriminator, ElectraGenerator,
     PermutationLM, SpanBert, UniLM, EncoderForSequenceClassification, EncoderForTokenClassification,
     EncoderForQuestionAnswering, GPT2ForSequenceClassification,
-    MPNet, MPNetPretraining,
+    MPNet, MPNetPretraining, Elmo,
 )
 
 

@@ -1,5 +1,5 @@
 """Model families, one module each, built from the shared blocks in ptmjax/layers/: T5, BART/mBART,
-GPT-2, BERT/RoBERTa, ALBERT, ELECTRA, XLNet-style permutation LM; and their fine-tuning heads."""
+GPT-2, BERT/RoBERTa, ALBERT, ELECTRA, XLNet-style permutation LM, ELMo; and their fine-tuning heads."""
 
 from ptmjax.models.albert import Albert, AlbertConfig
 from ptmjax.models.bart import Bart, BartConfig
@@ -12,6 +12,7 @@ from ptmjax.models.electra import (
     ElectraPretraining,
     ElectraPretrainingConfig,
 )
+from ptmjax.models.elmo import Elmo, ElmoConfig, ElmoOutput
 from ptmjax.models.encoder import MaskedLMOutput
 from ptmjax.models.encoder_tasks import (
     EncoderForQuestionAnswering,
@@ -29,7 +30,8 @@ from ptmjax.models.unilm import UniLM
 __all__ = [
     "Albert", "AlbertConfig", "Bart", "BartConfig", "Bert", "BertConfig",
     "ElectraConfig", "ElectraDiscriminator", "ElectraGenerator", "ElectraOutput", "ElectraPretraining",
-    "ElectraPretrainingConfig", "EncoderDecoder", "EncoderForQuestionAnswering", "EncoderForSequenceClassification",
+    "ElectraPretrainingConfig", "Elmo", "ElmoConfig", "ElmoOutput", "EncoderDecoder", "EncoderForQuestionAnswering",
+    "EncoderForSequenceClassification",
     "EncoderForTokenClassification", "GPT2", "GPT2Config", "GPT2ForSequenceClassification", "MaskedLMOutput",
     "MPNet", "MPNetConfig", "MPNetPretraining",
     "PermutationLM", "SpanBert", "SpanBertOutput", "T5Config", "UniLM",

@@ -79,13 +79,16 @@ class RunSpec:
         return ema + (self.objective.extra_state(self.model) if stateful else ()) + self.extra_state
 
     def abstract_batch(self, sharding: jax.sharding.Sharding) -> dict[str, jax.ShapeDtypeStruct]:
-        """The global batch the family's feature converter produces, as ShapeDtypeStructs on `sharding`."""
-        converter = model_api(self.model).family.feature_converter(pack=self.pack)
+        """The global batch the family's feature converter produces, as ShapeDtypeStructs on `sharding`; a model
+        input of more than two axes (ELMo's character ids) has the trailing axes of the family's init input."""
+        family = model_api(self.model).family
+        converter = family.feature_converter(pack=self.pack)
         lengths = converter.get_model_feature_lengths(self.task_feature_lengths)
         batch = {}
         for name, length in lengths.items():
             feature = converter.MODEL_FEATURES.get(name)  # packing's segment ids and positions are int32
             dtype = feature.dtype.as_numpy_dtype if feature else jnp.int32
-            shape = (self.batch_size,) if feature and feature.rank == 0 else (self.batch_size, length)
+            trailing = family.init_inputs[name].shape[2:] if name in family.init_inputs else ()
+            shape = (self.batch_size,) if feature and feature.rank == 0 else (self.batch_size, length, *trailing)
             batch[name] = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
         return batch
