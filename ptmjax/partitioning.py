@@ -65,6 +65,13 @@ DEFAULT_RULES: Rules = (
 
 
 @gin.configurable
+def pipeline_rules(stage_axis: str = "stage", rules: Rules = DEFAULT_RULES) -> Rules:
+    """`rules` with the logical 'layers' axis (a scanned stack's) on `stage_axis`, which makes that axis the
+    pipeline's stages (ptmjax/layers/pipeline.py; gin_configs/mesh/pp.gin)."""
+    return tuple((name, stage_axis if name == "layers" else axes) for name, axes in rules)
+
+
+@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
     """Sizes of the mesh axes; at most one may be -1, meaning "the rest".

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ptmjax.layers import mixed_precision
+from ptmjax.layers import mixed_precision, pipeline
 
 Array = jax.Array
 Tree = Mapping[str, Any]
@@ -241,6 +241,7 @@ def apply_layers(
     rate = config.stack_layerdrop(stack) if enable_dropout else 0.0
     dropped = LayerDropDraw(rate, name=LAYERDROP)(num_layers * repeats) if rate else None
     layer = rematerialised(layer, config.remat_policy, len(args), prevent_cse=not config.scan_layers)
+    staged = pipeline.stage_layout(config, num_layers * repeats, dropped is not None)
     if not config.scan_layers:
         for i in range(num_layers):
             module = layer(config, **fields, **config.layer_fields(i), name=f"layers_{i}")
@@ -253,6 +254,8 @@ def apply_layers(
         body = layer(config, **fields, **config.layer_fields(0), name=SCANNED)
     else:
         body = LayerPeriod(layer, config, tuple(fields.items()), name=SCANNED)
+    if staged is not None and pipeline.runs_staged(body):  # pipeline stages over a mesh axis (pipeline.py)
+        return pipeline.apply_stages(body, config, x, args, enable_dropout, staged)
 
     def step(module: nn.Module, carry: Array, dropped_here: Array | None, *broadcast: Any) -> tuple[Array, None]:
         for r in range(repeats):

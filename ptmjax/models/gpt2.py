@@ -29,6 +29,7 @@ from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.moe import MoeConfig
 from ptmjax.layers.norms import LayerNorm
+from ptmjax.layers.pipeline import PipelineStages
 from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
 from ptmjax.models.config import ModelConfig, check_activation, check_heads_divide, check_positive_ints
 
@@ -38,7 +39,7 @@ Array = jax.Array
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class GPT2Config(MoeConfig, ModelConfig):
+class GPT2Config(MoeConfig, ModelConfig, PipelineStages):
     """Hyper-parameters of a GPT-2 decoder.
 
     head_dim = d_model // num_heads. max_length is the size of the learned
@@ -51,7 +52,8 @@ class GPT2Config(MoeConfig, ModelConfig):
     layer_norm_epsilon, dtype, param_dtype, remat_policy, scan_layers; see
     ptmjax/models/config.py) and Mixture-of-Experts (num_experts, moe_every,
     moe_top_k, capacity factors, aux loss weights, jitter; see MoeConfig in
-    ptmjax/layers/moe.py).
+    ptmjax/layers/moe.py) and pipeline stages (pipeline_microbatches, pipeline_schedule,
+    pipeline_repeats; see PipelineStages in ptmjax/layers/pipeline.py).
     MoE experts are bias-free Switch experts with `activation` (Hugging Face's
     GPT-2 has no MoE layers).
     block_position_embeddings: GLM's second position table (for `decoder_block_positions`, max_length
@@ -74,6 +76,7 @@ class GPT2Config(MoeConfig, ModelConfig):
         check_heads_divide(self)
         check_activation(self)
         self.check_model_config("attention_dropout_rate")
+        self.check_pipeline_fields()
 
     def layer_stacks(self) -> dict[tuple[str, ...], int]:
         return {(): self.num_layers}

@@ -32,6 +32,7 @@ from ptmjax import partitioning
 from ptmjax.data import pipeline
 from ptmjax.decoding import DecodeConfig
 from ptmjax.families.token_loss import LossConfig
+from ptmjax.layers import pipeline as pipeline_stages
 from ptmjax.tasks import pretraining  # noqa: F401 - registers the default mixture, "ptmjax_pretrain"
 from ptmjax.training import compilation_cache, multihost
 from ptmjax.training.callbacks.callback import Callback
@@ -200,6 +201,7 @@ def train(
     )
     run = prepare_run(model_dir, spec, task, seed, init_checkpoint, compilation_cache_dir, resume_step)
     trainer = run.trainer
+    startup.notes.extend(filter(None, [pipeline_stages.summary(trainer.model, trainer.mesh, trainer.rules)]))
     startup.mark("model and checks")
     os.makedirs(run.folder.path, exist_ok=True)
     checkpointer = run.folder.checkpointer(max_to_keep=keep_checkpoints)

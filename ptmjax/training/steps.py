@@ -31,6 +31,7 @@ from ptmjax import partitioning
 from ptmjax.families.losses import Stats
 from ptmjax.families.model_api import Batch, ModelApi
 from ptmjax.families.token_loss import LossConfig
+from ptmjax.layers.pipeline import split_microbatches
 from ptmjax.training.extra_state import ExtraState, ParamsView, constrained
 from ptmjax.training.loss_scaling import LOSS_SCALE, DynamicLossScale
 from ptmjax.training.nonfinite import FINITE
@@ -83,7 +84,7 @@ def make_train_step(
         return grads, stats, _with_new_values(extra, new)
 
     def accumulate(chosen, params, extra, batch, rng, batch_loss_scale):
-        micro = jax.tree.map(lambda x: _split_microbatches(x, num_microbatches), batch)
+        micro = jax.tree.map(lambda x: split_microbatches(x, num_microbatches), batch)
 
         def body(carry, xs):
             grads, stats, extra = carry
@@ -168,18 +169,3 @@ def _with_new_values(extra: dict[str, Any], new: dict[str, Any]) -> dict[str, An
             f"{sorted(extra) or 'none'}); give the trainer an ExtraState of that name"
         )
     return {**extra, **new}
-
-
-def _split_microbatches(x: jax.Array, num_microbatches: int) -> jax.Array:
-    """[batch, ...] -> [microbatches, batch / microbatches, ...], interleaved.
-
-    Microbatch m takes examples m, m + M, m + 2M, ..., so that each device
-    keeps its own examples when the batch dimension is sharded.
-    """
-    batch = x.shape[0]
-    if batch % num_microbatches:
-        raise ValueError(
-            f"batch size {batch} is not divisible by num_microbatches={num_microbatches}"
-        )
-    x = x.reshape((batch // num_microbatches, num_microbatches) + x.shape[1:])
-    return jnp.swapaxes(x, 0, 1)
