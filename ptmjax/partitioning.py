@@ -64,6 +64,21 @@ DEFAULT_RULES: Rules = (
 )
 
 
+
+
+def with_rule(rules: Rules, logical: str, mesh_axes: MeshAxes) -> Rules:
+    """`rules` with `logical` mapped to `mesh_axes` instead."""
+    if logical not in dict(rules):
+        raise ValueError(f"no rule for {logical!r} to replace; known: {', '.join(name for name, _ in rules)}")
+    return tuple((name, mesh_axes if name == logical else axes) for name, axes in rules)
+
+
+# Context parallelism: activations' sequence dimension split over a 'context' mesh axis (gin_configs/mesh/cp.gin;
+# attention across it in ptmjax/layers/context_parallel.py). Bound in gin as %CONTEXT_RULES.
+CONTEXT_RULES: Rules = with_rule(DEFAULT_RULES, "activation_length", "context")
+gin.constant("CONTEXT_RULES", CONTEXT_RULES)
+
+
 @gin.configurable
 def pipeline_rules(stage_axis: str = "stage", rules: Rules = DEFAULT_RULES) -> Rules:
     """`rules` with the logical 'layers' axis (a scanned stack's) on `stage_axis`, which makes that axis the

@@ -21,9 +21,11 @@ from ptmjax.layers.attention_mask import AttentionMask, pairwise_mask
 from ptmjax.layers.blockwise_attention import POLICIES as BLOCKWISE_POLICIES
 from ptmjax.layers.blockwise_attention import blockwise_attention, loop_pays
 from ptmjax.layers.common import DType, target_platform
+from ptmjax.layers.context_parallel import ContextMask, context_parallel_attention
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.pallas_attention import POLICIES as PALLAS_POLICIES
 from ptmjax.layers.pallas_attention import tpu_flash_attention
+from ptmjax.layers.sequence_sharding import context_axis
 from ptmjax.layers.softmax import softmax
 
 Array = jax.Array
@@ -120,6 +122,7 @@ class MultiHeadAttention(nn.Module):
     scale_logits: bool = False
     cross_attention: bool = False
     attention_kernel: str = "einsum"
+    context_parallel: str = "all_gather"
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
 
@@ -165,7 +168,11 @@ class MultiHeadAttention(nn.Module):
         # kernel's device can initialise (cuDNN needs a GPU), and on CPU the Pallas kernel's interpret mode
         # (callbacks that run JAX) can deadlock against flax's eager parameter init.
         whole = self.attention_kernel == "blockwise" and not loop_pays(*key.shape[:2], query.shape[1], key.shape[2])
-        if self.attention_kernel == "einsum" or self.is_initializing() or whole:
+        if isinstance(mask, ContextMask) and (self.is_initializing() or context_axis() is None):
+            mask = mask.folded(self.dtype).for_kernel(self.attention_kernel, self.dtype)
+        if isinstance(mask, ContextMask):  # self-attention over a sequence split along the context axis
+            context = self._context_parallel_context(query, key, value, mask, enable_dropout)
+        elif self.attention_kernel == "einsum" or self.is_initializing() or whole:
             logits = precision.einsum("bqhd,bhkd->bhqk", query, key)  # [b, h, q, k]
             bias = mask.dense_bias(self.dtype)
             if bias is not None:
@@ -227,6 +234,19 @@ class MultiHeadAttention(nn.Module):
         return jax.nn.dot_product_attention(
             query, key, value, bias, scale=1.0, implementation=self.attention_kernel, **structure
         )
+
+    def _context_parallel_context(
+        self, query: Array, key: Array, value: Array, mask: ContextMask, enable_dropout: bool
+    ) -> Array:
+        """query [b, q, h, d], key and value [b, h, k, d] -> context [b, q, h, d] by context-parallel attention
+        (ptmjax/layers/context_parallel.py) in the form `context_parallel` names."""
+        if enable_dropout and self.dropout_rate > 0:
+            raise ValueError(
+                f"context-parallel attention has no dropout on attention probabilities but '{self.name}' has "
+                f"dropout_rate={self.dropout_rate}; set the attention dropout rate to 0 or drop the context axis"
+            )
+        context = context_parallel_attention(jnp.swapaxes(query, 1, 2), key, value, mask, self.context_parallel)
+        return jnp.swapaxes(context, 1, 2)
 
     def _check_no_dropout(self, enable_dropout: bool) -> None:
         """Raise if this layer would drop attention probabilities: only 'einsum' does."""

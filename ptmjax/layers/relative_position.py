@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -42,6 +43,34 @@ def relative_position_bucket(
     return bucket + jnp.where(is_small, distance, large)
 
 
+@flax.struct.dataclass
+class PositionBias:
+    """T5's bias of a table [buckets, heads] at the pairs of query and key positions, computed where it is
+    needed: whole (`dense`), or per (query block, key block) by context-parallel attention
+    (ptmjax/layers/context_parallel.py), which never builds the [b, heads, q, k] tensor.
+
+    query_positions [b|1, q], key_positions [b|1, k]: the positions the whole bias is of.
+    """
+
+    table: Array
+    query_positions: Array
+    key_positions: Array
+    num_buckets: int = flax.struct.field(pytree_node=False)
+    max_distance: int = flax.struct.field(pytree_node=False)
+    bidirectional: bool = flax.struct.field(pytree_node=False)
+    dtype: DType = flax.struct.field(pytree_node=False, default=jnp.float32)
+
+    def block(self, query_positions: Array, key_positions: Array) -> Array:
+        """query_positions [b|1, q], key_positions [b|1, k] -> bias [b|1, heads, q, k]."""
+        relative = key_positions[:, None, :] - query_positions[:, :, None]  # [b, q, k]
+        buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
+        return small_table_lookup(self.table, buckets, self.dtype, feature_axis=1)
+
+    def dense(self) -> Array:
+        """The whole bias [b|1, heads, q, k]."""
+        return self.block(self.query_positions, self.key_positions)
+
+
 class RelativePositionBias(nn.Module):
     """Learned bias table [buckets, heads] -> attention bias [batch|1, heads, q_len, k_len]."""
 
@@ -53,8 +82,9 @@ class RelativePositionBias(nn.Module):
     param_dtype: DType = jnp.float32
 
     @nn.compact
-    def __call__(self, query_positions: Array, key_positions: Array) -> Array:
-        """query_positions [b, q] and key_positions [b, k] (b may be 1) -> bias [b, heads, q, k]."""
+    def __call__(self, query_positions: Array, key_positions: Array, structured: bool = False) -> Array | PositionBias:
+        """query_positions [b, q] and key_positions [b, k] (b may be 1) -> bias [b, heads, q, k], or with
+        `structured` the `PositionBias` that computes it."""
         table = self.param(
             "rel_embedding",
             nn.with_logical_partitioning(
@@ -63,6 +93,6 @@ class RelativePositionBias(nn.Module):
             (self.num_buckets, self.num_heads),
             self.param_dtype,
         )
-        relative = key_positions[:, None, :] - query_positions[:, :, None]  # [b, q, k]
-        buckets = relative_position_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
-        return small_table_lookup(table, buckets, self.dtype, feature_axis=1)  # [b, heads, q, k]
+        bias = PositionBias(table, query_positions, key_positions, self.num_buckets, self.max_distance,
+                            self.bidirectional, self.dtype)
+        return bias if structured else bias.dense()

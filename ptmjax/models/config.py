@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from ptmjax.layers.attention import ATTENTION_KERNELS
 from ptmjax.layers.common import DTYPES
+from ptmjax.layers.context_parallel import CONTEXT_PARALLEL_FORMS
 from ptmjax.layers.layer_stack import LayerStackConfig
 from ptmjax.layers.mlp import ACTIVATIONS
 
@@ -31,6 +32,9 @@ class ModelConfig(LayerStackConfig):
       token counts as a token), 'pallas_tpu_flash' for JAX's Pallas TPU flash-attention kernel
       (interpreted on CPU), or 'blockwise', the fastest on a CPU: large attention one example and query
       block at a time (ptmjax/layers/attention.py's ATTENTION_KERNELS).
+    context_parallel_attention: under a mesh whose rules split 'activation_length' (gin_configs/mesh/cp.gin),
+      how self-attention spans the split sequence: 'all_gather' (each device gathers the keys and values) or
+      'ring' (they travel around the context axis); GPT-2 and T5 (ptmjax/layers/context_parallel.py).
 
     The activation is not among them: T5 names a tuple (`ffn_activations`,
     gated or not), the others one function (`activation`, see `check_activation`).
@@ -41,6 +45,7 @@ class ModelConfig(LayerStackConfig):
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention_kernel: str = "einsum"
+    context_parallel_attention: str = "all_gather"
 
     def check_model_config(self, *other_rates: str) -> None:
         """Dropout rates (dropout_rate and `other_rates`) in [0, 1), epsilon > 0, supported dtypes, stack options."""
@@ -55,6 +60,9 @@ class ModelConfig(LayerStackConfig):
             raise ValueError(
                 f"{owner}.attention_kernel={self.attention_kernel!r} is unknown; use one of {list(ATTENTION_KERNELS)}."
             )
+        if self.context_parallel_attention not in CONTEXT_PARALLEL_FORMS:
+            raise ValueError(f"{owner}.context_parallel_attention={self.context_parallel_attention!r} is unknown; use "
+                             f"one of {list(CONTEXT_PARALLEL_FORMS)}.")
         self.check_layer_stacks()
 
     @property

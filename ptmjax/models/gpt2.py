@@ -21,9 +21,10 @@ import jax
 import jax.numpy as jnp
 
 from ptmjax.layers.attention import CacheSlots, MultiHeadAttention, cached_self_mask
-from ptmjax.layers.attention_mask import AttentionMask, decoder_attention_mask, mask_to_bias, prefix_lm_self_mask
+from ptmjax.layers.attention_mask import AttentionMask, decoder_attention_mask, mask_to_bias
 from ptmjax.layers.batch_broadcast import broadcast_batch
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
+from ptmjax.layers.context_parallel import ContextMask
 from ptmjax.layers.embed import EMBED_INIT_STDDEV, Embed
 from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock
@@ -105,7 +106,8 @@ class GPT2Block(nn.Module):
         h = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-            attention_kernel=c.attention_kernel, name="attention", **dtype_kwargs(c),
+            attention_kernel=c.attention_kernel, context_parallel=c.context_parallel_attention, name="attention",
+            **dtype_kwargs(c),
         )(h, h, mask, enable_dropout, cache)
         x = x + drop(h, deterministic=not enable_dropout)
         h = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
@@ -169,20 +171,17 @@ class GPT2(nn.Module):
             "decoder_input_tokens", tokens, decoder_positions=decoder_positions,
             decoder_block_positions=decoder_block_positions, **({} if cache else slot_fields),
         )
-        batch, length = tokens.shape
+        length = tokens.shape[1]
         check_length(length if cache is None else cache.length, self.config.max_length, "GPT2")
         positions = sequential_positions(tokens) if decoder_positions is None else decoder_positions
         x = self.token_embedder(tokens) + broadcast_batch(self.position_embedder(positions), tokens.shape[0])
         x = x + self._block_position_embeddings(decoder_block_positions)
         x = nn.with_logical_constraint(self.dropout(x, deterministic=not enable_dropout), HIDDEN_AXES)
-        if cache is None and decoder_causal_attention is None:
-            mask = decoder_attention_mask(tokens, decoder_segment_ids)
-        else:  # the prefix LM's bidirectional prefix and the cache's slots have no structured form
-            dense = (
-                prefix_lm_self_mask(length, decoder_causal_attention, decoder_segment_ids, batch) if cache is None
-                else cached_self_mask(cache, length, decoder_segment_ids, decoder_causal_attention)
-            )
-            mask = AttentionMask(mask_to_bias(dense, x.dtype))
+        if cache is None:  # the prefix LM's bidirectional prefix is folded into a bias where a kernel needs it
+            mask = ContextMask.of(decoder_attention_mask(tokens, decoder_segment_ids), decoder_causal_attention)
+        else:  # the cache's slots have no structured form
+            mask = AttentionMask(mask_to_bias(cached_self_mask(cache, length, decoder_segment_ids,
+                                                               decoder_causal_attention), x.dtype))
         mask = mask.for_kernel(self.config.attention_kernel, x.dtype)
         x = apply_layers(GPT2Block, self.config, self.config.num_layers, x, mask, cache, enable_dropout=enable_dropout)
         return nn.with_logical_constraint(self.decoder_norm(x), HIDDEN_AXES)

@@ -23,13 +23,14 @@ from ptmjax.layers.attention_mask import (
     mask_to_bias,
 )
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
+from ptmjax.layers.context_parallel import ContextMask
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.embed import Embed
 from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock, check_activations
 from ptmjax.layers.moe import MoeConfig
 from ptmjax.layers.norms import RMSNorm
-from ptmjax.layers.relative_position import RelativePositionBias
+from ptmjax.layers.relative_position import PositionBias, RelativePositionBias
 from ptmjax.models.config import ModelConfig, check_positive_ints
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 
@@ -119,8 +120,8 @@ class EncoderLayer(nn.Module):
         drop = nn.Dropout(c.dropout_rate)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(
-            c.num_heads, c.head_dim, c.dropout_rate, attention_kernel=c.attention_kernel, name="attention",
-            **dtype_kwargs(c),
+            c.num_heads, c.head_dim, c.dropout_rate, attention_kernel=c.attention_kernel,
+            context_parallel=c.context_parallel_attention, name="attention", **dtype_kwargs(c),
         )(h, h, mask, enable_dropout)
         x = x + drop(h, deterministic=not enable_dropout)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
@@ -153,7 +154,9 @@ class DecoderLayer(nn.Module):
             attention_kernel=c.attention_kernel, **dtype_kwargs(c),
         )
         h = RMSNorm(c.layer_norm_epsilon, name="pre_self_attention_layer_norm", **dtype_kwargs(c))(x)
-        h = MultiHeadAttention(name="self_attention", **attn)(h, h, self_mask, enable_dropout, cache)
+        h = MultiHeadAttention(name="self_attention", context_parallel=c.context_parallel_attention, **attn)(
+            h, h, self_mask, enable_dropout, cache
+        )
         x = x + drop(h, deterministic=not enable_dropout)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_cross_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(name="encoder_decoder_attention", cross_attention=True, **attn)(
@@ -169,9 +172,10 @@ class DecoderLayer(nn.Module):
 
 def _embed_with_position_bias(
     c: T5Config, embedding: Embed, drop: nn.Dropout, tokens: Array, query_positions: Array,
-    key_positions: Array, bidirectional: bool, enable_dropout: bool,
-) -> tuple[Array, Array]:
-    """The start of a stack: embedded tokens [b, q, embed] and its relative bias [b|1, h, q, k].
+    key_positions: Array, bidirectional: bool, enable_dropout: bool, structured: bool = True,
+) -> tuple[Array, PositionBias | Array]:
+    """The start of a stack: embedded tokens [b, q, embed] and its relative bias (`structured`: its table and
+    positions, computed where an attention reads it; else the whole [b|1, h, q, k]).
 
     Called inside a stack's compact `__call__`, so the bias module is that stack's child.
     """
@@ -180,7 +184,7 @@ def _embed_with_position_bias(
     bias = RelativePositionBias(
         c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
         bidirectional=bidirectional, name="relpos_bias", **dtype_kwargs(c),
-    )(query_positions, key_positions)
+    )(query_positions, key_positions, structured)
     return x, bias
 
 
@@ -202,7 +206,8 @@ class Encoder(nn.Module):
         drop = nn.Dropout(c.dropout_rate)
         pos = _positions(tokens, positions)
         x, bias = _embed_with_position_bias(c, self.shared_embedding, drop, tokens, pos, pos, True, enable_dropout)
-        mask = encoder_attention_mask(tokens, segment_ids, bias=bias).for_kernel(c.attention_kernel, c.compute_dtype)
+        mask = ContextMask.of(encoder_attention_mask(tokens, segment_ids), position_bias=bias)
+        mask = mask.for_kernel(c.attention_kernel, c.compute_dtype)
         x = apply_layers(
             EncoderLayer, c, c.num_encoder_layers, x, mask, enable_dropout=enable_dropout, stack=("encoder",)
         )
@@ -245,10 +250,10 @@ class Decoder(nn.Module):
         else:
             query_pos, key_pos = cache.query_slots(tokens.shape[1])[None], cache.key_slots()[None]
         x, self_bias = _embed_with_position_bias(
-            c, self.shared_embedding, drop, tokens, query_pos, key_pos, False, enable_dropout
+            c, self.shared_embedding, drop, tokens, query_pos, key_pos, False, enable_dropout, cache is None
         )
         if cache is None:
-            self_mask = decoder_attention_mask(tokens, segment_ids, self_bias)
+            self_mask = ContextMask.of(decoder_attention_mask(tokens, segment_ids), position_bias=self_bias)
         else:  # causal over the cache slots [1, 1, t, cache length]: no structured form
             self_mask = AttentionMask(self_bias + mask_to_bias(cache.causal_mask(tokens.shape[1]), c.compute_dtype))
         cross_mask = cross_attention_mask(tokens, encoder_tokens, segment_ids, encoder_segment_ids)
