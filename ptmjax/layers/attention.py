@@ -100,6 +100,9 @@ class MultiHeadAttention(nn.Module):
     projections and logits divided by sqrt(head_dim).
     Attention probabilities are sown into 'intermediates' as `attention_weights`
     [b, heads, q, k]; apply with `mutable=['intermediates']` to read them.
+    Self-attention given a `ContextMask` under a mesh whose rules split 'activation_length' runs
+    context-parallel attention in the form `context_parallel` names ('all_gather' or 'ring';
+    ptmjax/layers/context_parallel.py) whatever `attention_kernel`, with no dropout on its probabilities.
     `attention_kernel` (one of ATTENTION_KERNELS): other than 'einsum', `jax.nn.dot_product_attention`
     ('xla', 'cudnn') or the Pallas TPU flash-attention kernel ('pallas_tpu_flash') computes the
     context: the Pallas kernel reads `mask`'s segment ids, causal flag and bias, the others its
