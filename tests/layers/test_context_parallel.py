@@ -14,6 +14,7 @@ from ptmjax import partitioning
 from ptmjax.layers.attention_mask import AttentionMask
 from ptmjax.layers.context_parallel import ContextMask, context_parallel_attention
 from ptmjax.layers.relative_position import PositionBias, relative_position_bucket
+from ptmjax.layers.sequence_sharding import context_axis
 from ptmjax.partitioning import CONTEXT_RULES, MeshConfig
 
 BATCH, HEADS, LENGTH, HEAD_DIM, BUCKETS = 2, 4, 16, 8, 32
@@ -143,3 +144,17 @@ def test_bad_values_are_refused_in_one_line(make, message):
         with pytest.raises(ValueError, match=message) as error:
             make(q, context_mask(table, *facts))
     assert "\n" not in str(error.value)
+
+
+def test_a_dense_bias_and_a_missing_axis_are_refused_in_one_line():
+    (q, _, _, table, _), facts = inputs("causal")
+    mask = context_mask(table, *facts).replace(bias=jnp.zeros((1, 1, LENGTH, LENGTH)))
+    with jax.set_mesh(mesh_of("data2_context4")), nn.logical_axis_rules(CONTEXT_RULES):
+        with pytest.raises(ValueError, match=r"reads no dense bias .* give T5's relative-position bias as "
+                                             r"ContextMask.position_bias$"):
+            context_parallel_attention(q, q, q, mask, "ring")
+    without_context = partitioning.make_mesh(MeshConfig(data=8))
+    with jax.set_mesh(without_context), nn.logical_axis_rules(CONTEXT_RULES):
+        with pytest.raises(ValueError, match=r"the rule for 'activation_length' names mesh axes \['context'\] that "
+                                             r"the mesh .* lacks; add them to MeshConfig.axes or change the rule$"):
+            context_axis()
