@@ -104,6 +104,9 @@ def context_parallel_attention(query: Array, key: Array, value: Array, mask: Con
     sequence split over the context axis, by `form` (one of CONTEXT_PARALLEL_FORMS)."""
     if form not in CONTEXT_PARALLEL_FORMS:
         raise ValueError(f"context_parallel_attention={form!r} is unknown; use one of {list(CONTEXT_PARALLEL_FORMS)}")
+    if getattr(mask, "pattern", None) is not None:  # a sparse pattern (ptmjax/layers/attention_patterns.py)
+        raise ValueError("context-parallel attention takes no sparse attention pattern; drop the pattern "
+                         "(attention_pattern = None) or the context axis")
     if mask.bias is not None:
         raise ValueError("context-parallel attention reads no dense bias (it would be [b, h, l, l]); give T5's "
                          "relative-position bias as ContextMask.position_bias")
