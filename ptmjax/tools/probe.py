@@ -3,7 +3,9 @@
 Writes to --out (default MODEL_DIR/probe/):
 - layer_probe.json / .csv / .png: validation accuracy of a logistic-regression probe per layer (0 =
   embeddings) on mean-pooled features of --task, with the majority-class accuracy;
-- attention_statistics.json / .npz / .png: entropy, max weight, weight on the first token and on
+- scalar_mix.json: ELMo's scalar mix of all those layers with a linear classifier, trained on the same
+  features: its softmax-normalised weights, gamma and accuracies;
+- (models with attention) attention_statistics.json / .npz / .png: entropy, max weight, weight on the first token and on
   EOS / [SEP] per layer and head, over the non-padding queries of the first --attention_examples
   validation texts;
 - attention_maps.npz (attention [n, layers, heads, s, s], tokens, valid of the first
@@ -15,6 +17,7 @@ Writes to --out (default MODEL_DIR/probe/):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -24,6 +27,7 @@ import numpy as np
 from ptmjax.adapt.probing import cloze_probe, linear_probe, plots
 from ptmjax.adapt.probing.attention_statistics import AttentionStatistics
 from ptmjax.adapt.probing.layer_features import LayerReader
+from ptmjax.adapt.probing.mix_training import mix_probe
 from ptmjax.adapt.probing.model_folder import FrozenModel, read_model_folder
 from ptmjax.adapt.probing.text_rows import TextRows, batches
 
@@ -36,13 +40,20 @@ def sequence_length(model: FrozenModel, max_length: int) -> int:
 
 
 def run_layer_probes(reader: LayerReader, text_rows: TextRows, args: argparse.Namespace, length: int) -> None:
-    rows, chance = linear_probe.probe_task(reader, text_rows.encode, args.task, length, args.batch_size)
+    features, labels = linear_probe.task_features(reader, text_rows.encode, args.task, length, args.batch_size)
+    rows = linear_probe.probe_layers(features["train"], labels["train"], features["validation"], labels["validation"])
+    chance = linear_probe.majority_accuracy(labels["train"], labels["validation"])
     summary = {"task": args.task, "majority_class_accuracy": chance}
     linear_probe.write_table(rows, summary, *(os.path.join(args.out, f"layer_probe.{ext}") for ext in ("json", "csv")))
     plots.plot_probe_accuracy([r.layer for r in rows], [r.accuracy for r in rows], chance,
                               os.path.join(args.out, "layer_probe.png"))
     print(f"Linear probes on {args.task} (train -> validation; majority class {chance:.2f}%):")
     print(linear_probe.format_table(rows))
+    mix = mix_probe(features["train"], labels["train"], features["validation"], labels["validation"])
+    with open(os.path.join(args.out, "scalar_mix.json"), "w") as f:
+        json.dump({"task": args.task, **dataclasses.asdict(mix)}, f, indent=2)
+    print(f"Scalar mix of all {len(mix.weights)} layers: validation accuracy {mix.accuracy:.2f}% (train "
+          f"{mix.train_accuracy:.2f}%); weights {', '.join(f'{w:.3f}' for w in mix.weights)}, gamma {mix.gamma:.3f}")
 
 
 def run_attention(reader: LayerReader, text_rows: TextRows, args: argparse.Namespace, length: int) -> None:
@@ -102,12 +113,16 @@ def run(args: argparse.Namespace) -> int:
     model = read_model_folder(args.model_dir, args.step)
     args.out = args.out or os.path.join(args.model_dir, "probe")
     os.makedirs(args.out, exist_ok=True)
-    reader, text_rows = LayerReader(model.module, model.params), TextRows.of(model.module, model.vocabulary)
+    reader = LayerReader(model.module, model.params, model.vocabulary)
+    text_rows = TextRows.of(model.module, model.vocabulary)
     length = sequence_length(model, args.max_length)
     print(f"Probing {type(model.module).__name__} of {model.source}: {reader.num_layers} layers, rows of at most "
           f"{length} ids")
     run_layer_probes(reader, text_rows, args, length)
-    run_attention(reader, text_rows, args, length)
+    if reader.has_attention:
+        run_attention(reader, text_rows, args, length)
+    else:
+        print(f"Attention statistics: skipped ({type(model.module).__name__} has no attention).")
     run_cloze(model, reader.stack.pad_id, text_rows, args, length)
     print(f"Done in {time.perf_counter() - start:.1f} s; outputs in {os.path.abspath(args.out)}")
     return 0

@@ -65,13 +65,28 @@ class LayerOutputs(NamedTuple):
 
 
 class LayerReader:
-    """A frozen model's hidden states and attention maps per layer (see the module doc); one jitted call."""
+    """A frozen model's hidden states and attention maps per layer (see the module doc); one jitted call.
 
-    def __init__(self, module: nn.Module, params: Any):
+    A model whose probed stack reads character ids (ELMo) returns its layers itself and has no attention
+    maps (attention [0, b, 0, s, s]); its tokens' character ids come from `vocabulary.character_table`
+    (ptmjax/data/word_vocabulary.py)."""
+
+    def __init__(self, module: nn.Module, params: Any, vocabulary: Any = None):
         self.module, params = plain_model(module, params)
         self.params = jax.device_put(params)  # once, not at every call
         self.stack = probed_stack(self.module)
-        self._run = jax.jit(self._outputs)
+        self._characters = None
+        if self.stack.characters_field is not None:
+            if not hasattr(vocabulary, "character_table"):
+                raise ValueError(f"{type(self.module).__name__} reads character ids: pass LayerReader the model's "
+                                 f"word vocabulary (ptmjax.data.word_vocabulary.WordVocabulary), not {vocabulary}")
+            self._characters = np.asarray(vocabulary.character_table)
+        self._run = jax.jit(self._outputs if self.has_attention else self._layers)
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether the model has attention maps (ELMo has none)."""
+        return self.stack.characters_field is None
 
     @property
     def num_layers(self) -> int:
@@ -80,8 +95,16 @@ class LayerReader:
 
     def __call__(self, tokens: np.ndarray) -> LayerOutputs:
         """tokens int [b, s], padded with the model's pad id (GPT-2: any id after the real ones)."""
+        if not self.has_attention:
+            b, s = np.shape(tokens)
+            hidden = self._run(self.params, jnp.asarray(tokens, jnp.int32), self._characters[np.asarray(tokens)])
+            return LayerOutputs(np.asarray(hidden), np.zeros((0, b, 0, s, s), np.float32))
         hidden, attention = self._run(self.params, jnp.asarray(tokens, jnp.int32))
         return LayerOutputs(np.asarray(hidden), np.asarray(attention))
+
+    def _layers(self, params: Any, tokens: jax.Array, characters: jax.Array) -> jax.Array:
+        inputs = {self.stack.tokens_field: tokens, self.stack.characters_field: characters}
+        return self.module.apply({"params": params}, **inputs, method=self.stack.method).astype(jnp.float32)
 
     def _outputs(self, params: Any, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
         with recorded_layer_calls(self.stack) as calls:

@@ -100,13 +100,21 @@ def write_table(rows: Sequence[ProbeRow], summary: dict, json_path: str, csv_pat
         writer.writerows(records)
 
 
-def probe_task(
+def task_features(
     reader: LayerReader, encode: Callable[[str], list[int]], task_name: str, length: int, batch_size: int
-) -> tuple[list[ProbeRow], float]:
-    """Probes of every layer on `task_name` (train -> validation) and the majority-class accuracy."""
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """({split: pooled features [layers + 1, n, d]}, {split: labels [n]}) of `task_name`'s train and validation."""
     splits = {split: labelled_texts(task_name, split) for split in ("train", "validation")}
     features = {split: pooled_features(reader, [encode(text) for text, _ in examples], length, batch_size)
                 for split, examples in splits.items()}
     labels = {split: np.array([label for _, label in examples]) for split, examples in splits.items()}
+    return features, labels
+
+
+def probe_task(
+    reader: LayerReader, encode: Callable[[str], list[int]], task_name: str, length: int, batch_size: int
+) -> tuple[list[ProbeRow], float]:
+    """Probes of every layer on `task_name` (train -> validation) and the majority-class accuracy."""
+    features, labels = task_features(reader, encode, task_name, length, batch_size)
     rows = probe_layers(features["train"], labels["train"], features["validation"], labels["validation"])
     return rows, majority_accuracy(labels["train"], labels["validation"])
