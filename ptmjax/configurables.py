@@ -43,6 +43,8 @@ from ptmjax.training import (  # noqa: F401
     multihost,
     nonfinite,
     optimizers,
+    progressive_layer_drop,
+    progressive_stacking,
     run,
     schedules,
 )

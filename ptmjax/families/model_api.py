@@ -41,6 +41,13 @@ class ModelApi:
 
     module: nn.Module
     family: Family
+    # Variables `forward` (the loss) applies the module with besides its parameters: a run's layer schedule
+    # (ptmjax/training/layer_schedule.py), set per step by `with_variables`.
+    variables: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
+
+    def with_variables(self, variables: Mapping[str, Any]) -> ModelApi:
+        """This API, its `forward` (and `loss`) applying the module with `variables` beside the parameters."""
+        return dataclasses.replace(self, variables=dict(variables))
 
     def rngs(self, rng: jax.Array | None, train: bool) -> dict[str, jax.Array]:
         """The rngs of one application: 'dropout' in training, and the family's own streams.
@@ -139,7 +146,7 @@ class ModelApi:
         if chunked:
             self.check_chunkable()
         return self.module.apply(
-            {"params": params}, **self.model_inputs(batch), enable_dropout=train,
+            {"params": params, **self.variables}, **self.model_inputs(batch), enable_dropout=train,
             rngs=self.rngs(dropout_rng, train), mutable=list(mutable), method="hidden_states" if chunked else None,
         )
 

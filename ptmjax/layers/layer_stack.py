@@ -27,6 +27,14 @@ Every family stacks its layers with `apply_layers`. A config that inherits
   the layers an unscanned one drops given the same rng. A dropped layer still
   runs and its output is discarded (`jnp.where`), so it saves no compute and
   its parameters get a zero gradient. At 0 nothing is drawn.
+- The 'layer_schedule' collection (`LAYER_SCHEDULE`): a run's layer schedule
+  (ptmjax/training/layer_schedule.py: progressive stacking, progressive layer
+  dropping) gives each stack, as the variables `active` (bool [depth]) and
+  `keep` (float [depth]) of its child `layer_schedule`, which layers run: an
+  inactive layer is skipped always, evaluation included, and in training each
+  active layer is also skipped with probability 1 - keep (one draw per layer
+  and step from the 'dropout' stream, sown as `layer_schedule/skipped`). The
+  skip is LayerDrop's; a model applied without the collection runs every layer.
 
 Neither remat nor scanning changes the numbers: logits and gradients equal the plain
 model's. Dropout (and MoE jitter) draws differ, since a scan splits the rngs
@@ -65,6 +73,7 @@ REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
 }
 SCANNED = "layers"  # the name of a scanned stack's module, and the logical axis of its stacked parameters
 LAYERDROP = "layerdrop"  # the name of a stack's LayerDrop draw, whose 'intermediates' hold `dropped`
+LAYER_SCHEDULE = "layer_schedule"  # the collection of a run's layer schedule, and the stack's child that reads it
 DECODER_STACK = ("decoder",)  # the stack `decoder_layerdrop` applies to
 
 
@@ -224,6 +233,44 @@ class LayerDropDraw(nn.Module):
         return dropped
 
 
+class LayerSchedule(nn.Module):
+    """Which layers of a stack a run's layer schedule skips, from the 'layer_schedule' collection (if given)."""
+
+    @nn.compact
+    def __call__(self, depth: int, train: bool) -> Array | None:
+        """-> bool [depth], True where the layer is skipped (inactive, or not kept in training); None without
+        the collection. Training's draw is sown into 'intermediates' as `skipped`."""
+        if not self.has_variable(LAYER_SCHEDULE, "active"):
+            return None
+        active, keep = self.get_variable(LAYER_SCHEDULE, "active"), self.get_variable(LAYER_SCHEDULE, "keep")
+        if active.shape != (depth,) or keep.shape != (depth,):
+            raise ValueError(
+                f"the layer schedule gives {'/'.join(self.scope.path)} active {active.shape} and keep {keep.shape}, "
+                f"but the stack applies {depth} layers; a schedule needs one entry per layer (no shared layers)."
+            )
+        skipped = ~active
+        if train:
+            skipped = skipped | ~jax.random.bernoulli(self.make_rng("dropout"), keep)
+            self.sow("intermediates", "skipped", skipped)
+        return skipped
+
+
+def _skipped_layers(config: LayerStackConfig, stack: tuple[str, ...], depth: int, train: bool) -> Array | None:
+    """bool [depth], True where a layer is skipped this application (LayerDrop's draw, the run's layer
+    schedule), or None where none can be."""
+    rate = config.stack_layerdrop(stack) if train else 0.0
+    dropped = LayerDropDraw(rate, name=LAYERDROP)(depth) if rate else None
+    scheduled = LayerSchedule(name=LAYER_SCHEDULE)(depth, train)
+    if scheduled is not None and config.scan_layers and config.scan_period != 1:
+        raise ValueError(
+            f"{type(config).__name__}: a layer schedule skips single layers, but the scan steps over periods of "
+            f"{config.scan_period} layers; set scan_layers=False."
+        )
+    if dropped is None or scheduled is None:
+        return scheduled if dropped is None else dropped
+    return dropped | scheduled
+
+
 def apply_layers(
     layer: type[nn.Module], config: LayerStackConfig, num_layers: int, x: Array, *args: Array | None,
     enable_dropout: bool = False, repeats: int = 1, stack: tuple[str, ...] = (), **fields: Any,
@@ -236,10 +283,10 @@ def apply_layers(
     `layers_{i}`, or with `config.scan_layers` one scanned `layers` module.
     `args` (attention biases, the encoder output) are the same for every layer.
     `stack` is the stack's path in `config.layer_stacks()`, which picks its LayerDrop rate;
-    with enable_dropout and a rate > 0, each layer applied is skipped as `LayerDropDraw` draws.
+    with enable_dropout and a rate > 0, each layer applied is skipped as `LayerDropDraw` draws; the
+    'layer_schedule' collection skips layers too (see the module docstring).
     """
-    rate = config.stack_layerdrop(stack) if enable_dropout else 0.0
-    dropped = LayerDropDraw(rate, name=LAYERDROP)(num_layers * repeats) if rate else None
+    dropped = _skipped_layers(config, stack, num_layers * repeats, enable_dropout)
     layer = rematerialised(layer, config.remat_policy, len(args), prevent_cse=not config.scan_layers)
     staged = pipeline.stage_layout(config, num_layers * repeats, dropped is not None)
     if not config.scan_layers:
@@ -267,7 +314,7 @@ def apply_layers(
         in_axes=(nn.broadcast if dropped is None else 0, *(nn.broadcast,) * len(args)),
         length=num_layers // period, metadata_params={nn.PARTITION_NAME: SCANNED},
     )
-    per_step = None if dropped is None else dropped.reshape(num_layers, repeats)  # MoeConfig refuses LayerDrop
+    per_step = None if dropped is None else dropped.reshape(num_layers, repeats)  # period 1 (_skipped_layers)
     return scanned(body, x, per_step, *args)[0]
 
 

@@ -15,10 +15,13 @@ divided once by the normaliser. The 'moe_aux_loss' metric reports the aux,
 token-weighted over microbatches and eval batches; the 'loss' metric does not
 include it. A model that sows no aux losses (no MoE layers) has no
 'moe_aux_loss' metric: what it sows is fixed when the step is traced.
+Layer schedules among the extra state choose the layers each train step runs and each evaluation scores
+(ptmjax/training/layer_schedule.py).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +36,7 @@ from ptmjax.families.model_api import Batch, ModelApi
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.layers.pipeline import split_microbatches
 from ptmjax.training.extra_state import ExtraState, ParamsView, constrained
+from ptmjax.training.layer_schedule import layer_schedules, schedule_variables
 from ptmjax.training.loss_scaling import LOSS_SCALE, DynamicLossScale
 from ptmjax.training.nonfinite import FINITE
 from ptmjax.training.objective import Objective, family_loss
@@ -71,32 +75,34 @@ def make_train_step(
 
     loss_weights = api.family.loss_weights
     scaling = next((slot for slot in extra_state if isinstance(slot, DynamicLossScale)), None)
+    schedules = layer_schedules(extra_state)
 
-    def grads_and_stats(chosen, params, extra, batch, rng, batch_loss_scale):
+    def grads_and_stats(step_api, chosen, params, extra, batch, rng, batch_loss_scale):
         """Gradients of the selected leaves (a list), the batch's stats and the extra state after it."""
         def loss_fn(selected):
             token_loss, batch_loss, stats, new = objective(
-                api, chosen.put(params, selected), batch, loss_config, rng, extra
+                step_api, chosen.put(params, selected), batch, loss_config, rng, extra
             )
             loss = token_loss + batch_loss * batch_loss_scale
             return (loss if scaling is None else loss * extra[LOSS_SCALE]["scale"]), (stats, new)
         (_, (stats, new)), grads = jax.value_and_grad(loss_fn, has_aux=True)(chosen.take(params))
         return grads, stats, _with_new_values(extra, new)
 
-    def accumulate(chosen, params, extra, batch, rng, batch_loss_scale):
+    def accumulate(step_api, chosen, params, extra, batch, rng, batch_loss_scale):
         micro = jax.tree.map(lambda x: split_microbatches(x, num_microbatches), batch)
 
         def body(carry, xs):
             grads, stats, extra = carry
             index, microbatch = xs
             g, s, extra = grads_and_stats(
-                chosen, params, extra, microbatch, jax.random.fold_in(rng, index), batch_loss_scale
+                step_api, chosen, params, extra, microbatch, jax.random.fold_in(rng, index), batch_loss_scale
             )
             return (jax.tree.map(jnp.add, grads, g), stats + s, extra), None
 
         zero_grads = [jnp.zeros_like(p) for p in chosen.take(params)]
         first = jax.tree.map(lambda x: x[0], micro)
-        stats_shape = jax.eval_shape(lambda: grads_and_stats(chosen, params, extra, first, rng, batch_loss_scale)[1])
+        stats_shape = jax.eval_shape(lambda: grads_and_stats(step_api, chosen, params, extra, first, rng,
+                                                             batch_loss_scale)[1])
         zero_stats = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), stats_shape)
         (grads, stats, extra), _ = jax.lax.scan(
             body, (zero_grads, zero_stats, extra), (jnp.arange(num_microbatches), micro)
@@ -110,7 +116,8 @@ def make_train_step(
             weights = batch[loss_weights].astype(jnp.float32)
             normalizer = loss_config.normalizing_factor or jnp.maximum(jnp.sum(weights), 1.0)
             batch_loss_scale = normalizer / num_microbatches
-            step_grads = grads_and_stats if num_microbatches == 1 else accumulate
+            step_api = api.with_variables(schedule_variables(schedules, api.module, state.step, state.extra, True))
+            step_grads = functools.partial(grads_and_stats if num_microbatches == 1 else accumulate, step_api)
             grads, stats, new_extra = step_grads(chosen, state.params, state.extra, batch, rng, batch_loss_scale)
             divisor = normalizer if scaling is None else normalizer * state.extra[LOSS_SCALE]["scale"]
             grads = [g / divisor for g in grads]
@@ -151,11 +158,12 @@ def make_train_step(
 def make_eval_step(
     api: ModelApi, loss_config: LossConfig, rules: partitioning.Rules
 ) -> Callable[[Any, Batch], Stats]:
-    """Builds the eval step: summed statistics of one batch, no dropout."""
+    """Builds the eval step: summed statistics of one batch, no dropout, the model applied with `variables`
+    beside the parameters (a layer schedule's: `schedule_variables`)."""
 
-    def eval_step(params, batch: Batch) -> Stats:
+    def eval_step(params, batch: Batch, variables: dict[str, Any]) -> Stats:
         with nn.logical_axis_rules(rules):
-            return api.loss(params, batch, loss_config)[2]
+            return api.with_variables(variables).loss(params, batch, loss_config)[2]
 
     return eval_step
 

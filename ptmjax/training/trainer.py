@@ -19,6 +19,7 @@ from ptmjax.families.model_api import ModelApi, model_api
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.training import optimizers, steps
 from ptmjax.training.extra_state import ExtraState, ParamsConstraint, ParamsView, StoredExtraState, constrained
+from ptmjax.training.layer_schedule import layer_schedules, schedule_variables
 from ptmjax.training.objective import Objective, StatefulObjective, family_loss
 from ptmjax.training.train_state import TrainState
 from ptmjax.training.trainable import Trainable
@@ -95,7 +96,7 @@ class Trainer:
         )
         self._eval_step = jax.jit(
             steps.make_eval_step(api, loss_config, rules),
-            in_shardings=(param_shardings, self.batch_sharding),
+            in_shardings=(param_shardings, self.batch_sharding, self.replicated),
             out_shardings=self.replicated,
         )
 
@@ -214,7 +215,11 @@ class Trainer:
         compiler.shutdown(wait=False)  # its thread ends with the compile
         return compiled
 
-    def eval_stats(self, params: Any, batch: steps.Batch) -> losses.Stats:
-        """Summed statistics of one global batch."""
+    def eval_stats(self, params: Any, batch: steps.Batch, state: TrainState | None = None) -> losses.Stats:
+        """Summed statistics of one global batch; given the run's `state`, with the layers its layer schedules
+        leave active (ptmjax/training/layer_schedule.py), else with all."""
         with jax.set_mesh(self.mesh):
-            return self._eval_step(params, batch)
+            variables = {} if state is None else schedule_variables(
+                layer_schedules(self.extra_state), self.model, state.step, state.extra, train=False
+            )
+            return self._eval_step(params, batch, variables)

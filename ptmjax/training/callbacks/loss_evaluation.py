@@ -42,19 +42,20 @@ class LossEvaluation(Periodic):
     def act(self, event: StepEvent) -> None:
         with self.clock.paused():
             self.metrics = {f"eval_{prefix}{name}": value for prefix, params_of in self.parameter_sets.items()
-                            for name, value in self.evaluate(params_of(event.state)).items()}
+                            for name, value in self.evaluate(params_of(event.state), event.state).items()}
             self.log.write(event.step, self.metrics)
             self.log.plot()
             self.bar.write(f"step {event.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in self.metrics.items()))
 
-    def evaluate(self, params: Any) -> dict[str, float]:
-        """{'<metric>': value} of `params` on the validation batches."""
+    def evaluate(self, params: Any, state: TrainState | None = None) -> dict[str, float]:
+        """{'<metric>': value} of `params` on the validation batches (with the layers the layer schedules of
+        the run's `state` leave active, if given)."""
         dataset = self.validation_dataset()
         shapes = {name: tuple(spec.shape) for name, spec in dataset.element_spec.items()}
         total = None
         for batch in multihost.batches_in_lockstep(itertools.islice(dataset.as_numpy_iterator(), self.batches),
                                                    shapes):
-            stats = self.trainer.eval_stats(params, partitioning.global_batch(batch, self.trainer.mesh))
+            stats = self.trainer.eval_stats(params, partitioning.global_batch(batch, self.trainer.mesh), state)
             total = stats if total is None else total + stats
         if total is None:
             raise ValueError(f"the validation split of {self.task_name!r} is empty; add validation data")
