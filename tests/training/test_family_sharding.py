@@ -31,6 +31,7 @@ FAMILIES = {
     "runs/mpnet_demo.gin": ({"inputs": 32, "targets": 5}, ("loss", "accuracy")),
     "runs/glm_demo.gin": ({"targets": 32}, ("loss", "accuracy")),
     "runs/spanbert_demo.gin": ({"inputs": 32, "targets": 32}, ("loss", "mlm_loss", "sbo_loss")),
+    "runs/elmo_demo.gin": ({"targets": 32}, ("loss", "forward_nll", "backward_nll")),
 }
 LR, STEPS, BATCH = 0.01, 2, 8
 
