@@ -40,7 +40,7 @@ def test_the_committed_results_hold_three_seeds_of_every_model():
         assert row["curve"]["steps"][-1] == results["setting"]["steps"], name
 
 
-@pytest.mark.slow  # 6 training runs of 6 steps: about 5 minutes on 2 loaded cores, mostly compilation
+@pytest.mark.slow  # 6 training runs of 6 steps: 138 s on 2 loaded cores, mostly compilation
 @pytest.mark.timeout(1800)
 def test_the_smoke_setting_trains_and_summarises_every_model(tmp_path, monkeypatch):
     run = script_module("experiments/moe_vs_dense/run.py", monkeypatch)
