@@ -106,6 +106,11 @@ def to_hf_config(config: T5Config) -> Any:
     """T5Config -> transformers.T5Config or MT5Config (needs transformers installed)."""
     import transformers
 
+    return getattr(transformers, FAMILIES[family(config)][0])(**hf_config_fields(config))
+
+
+def hf_config_fields(config: T5Config) -> dict[str, Any]:
+    """The fields of the Hugging Face config of `config` that T5, mT5 and LongT5 share."""
     if config.num_experts:
         raise ValueError(
             f"num_experts={config.num_experts}: Hugging Face's T5 has no Mixture-of-Experts layers; "
@@ -117,7 +122,7 @@ def to_hf_config(config: T5Config) -> Any:
             f"ffn_activations={config.ffn_activations} has no Hugging Face T5 equivalent; "
             f"supported: {sorted(FEED_FORWARD_PROJ.values())}."
         )
-    hf = getattr(transformers, FAMILIES[family(config)][0])(
+    return dict(
         vocab_size=config.vocab_size,
         d_model=config.d_model,
         d_kv=config.head_dim,
@@ -132,7 +137,6 @@ def to_hf_config(config: T5Config) -> Any:
         feed_forward_proj=proj,
         tie_word_embeddings=config.tie_embeddings,
     )
-    return hf
 
 
 def build_hf_model(config: T5Config) -> Any:
@@ -141,10 +145,16 @@ def build_hf_model(config: T5Config) -> Any:
     Works under `with torch.device('meta')` (for counting parameters). Untied
     configs get an `lm_head` separate from the shared input embedding.
     """
-    import torch
     import transformers
 
-    model = getattr(transformers, FAMILIES[family(config)][1])(to_hf_config(config))
+    return untied(getattr(transformers, FAMILIES[family(config)][1])(to_hf_config(config)), config)
+
+
+def untied(model: Any, config: T5Config) -> Any:
+    """`model` (a transformers T5-like model) with its own `lm_head` if `config` is untied (transformers 5 ties
+    a fresh one to the input embedding)."""
+    import torch
+
     if not config.tie_embeddings and model.lm_head.weight is model.shared.weight:
         model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.shared.weight))
         torch.nn.init.normal_(model.lm_head.weight, mean=0.0, std=1.0)  # HF's init for an untied lm_head
@@ -152,7 +162,7 @@ def build_hf_model(config: T5Config) -> Any:
     return model
 
 
-def _rules(config: T5Config) -> list[Rule]:
+def t5_rules(config: T5Config) -> list[Rule]:
     """(hf_key, our_path, hf->ours, ours->hf) for every parameter of `config`."""
     e, h, d = config.d_model, config.num_heads, config.head_dim
     ident = (lambda w: w, lambda w: w)
@@ -208,10 +218,15 @@ def hf_to_params(state_dict: Mapping[str, Any], config: T5Config) -> Params:
     layer is the shared embedding, with no d_model**-0.5 scale) gets the shared
     embedding as its `logits_dense` kernel: the same logits, exactly.
     """
+    return state_to_params(state_dict, config, t5_rules(config))
+
+
+def state_to_params(state_dict: Mapping[str, Any], config: T5Config, rules: list[Rule]) -> Params:
+    """`hf_to_params` by the given rules (T5's, or LongT5's, ptmjax/convert/hf_longt5.py)."""
     if not config.tie_embeddings and "lm_head.weight" not in state_dict and "shared.weight" in state_dict:
         state_dict = {**state_dict, "lm_head.weight": state_dict["shared.weight"]}
     ignorable = set(IGNORED_HF_KEYS) | ({"lm_head.weight"} if config.tie_embeddings else set())
-    return rules_to_params(state_dict, [one_to_one(*rule) for rule in _rules(config)], ignorable, f"{config}")
+    return rules_to_params(state_dict, [one_to_one(*rule) for rule in rules], ignorable, f"{config}")
 
 
 def params_to_hf(params: Params, config: T5Config) -> dict[str, np.ndarray]:
@@ -219,10 +234,15 @@ def params_to_hf(params: Params, config: T5Config) -> dict[str, np.ndarray]:
 
     Emits every key of HF's `state_dict()`, including the tied copies of the embedding.
     """
+    return params_to_state(params, config, t5_rules(config))
+
+
+def params_to_state(params: Params, config: T5Config, rules: list[Rule]) -> dict[str, np.ndarray]:
+    """`params_to_hf` by the given rules."""
     tree = nn.meta.unbox(params)
     tree = tree.get("params", tree)
     state: dict[str, np.ndarray] = {}
-    for hf_key, path, _, to_hf in _rules(config):
+    for hf_key, path, _, to_hf in rules:
         node = tree
         for part in path:
             if part not in node:

@@ -32,6 +32,7 @@ from ptmjax.models.encoder_tasks import (
 from ptmjax.models.flops import t5_training_flops
 from ptmjax.models.gpt2 import GPT2
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
+from ptmjax.models.longt5 import LongT5
 from ptmjax.models.mpnet import MPNet, MPNetPretraining
 from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.models.sentence_encoder import SentenceEncoder
@@ -224,7 +225,7 @@ MODEL_CLASSES: tuple[type[nn.Module], ...] = (
     EncoderDecoder, Bart, GPT2, Bert, Albert, ElectraPretraining, ElectraDiscriminator, ElectraGenerator,
     PermutationLM, SpanBert, UniLM, EncoderForSequenceClassification, EncoderForTokenClassification,
     EncoderForQuestionAnswering, GPT2ForSequenceClassification,
-    MPNet, MPNetPretraining, Elmo,
+    MPNet, MPNetPretraining, Elmo, LongT5,
 )
 
 

@@ -1,5 +1,5 @@
 """Model families, one module each, built from the shared blocks in ptmjax/layers/: T5, BART/mBART,
-GPT-2, BERT/RoBERTa, ALBERT, ELECTRA, XLNet-style permutation LM, ELMo; and their fine-tuning heads."""
+LongT5, GPT-2, BERT/RoBERTa, ALBERT, ELECTRA, XLNet-style permutation LM, ELMo; and their fine-tuning heads."""
 
 from ptmjax.models.albert import Albert, AlbertConfig
 from ptmjax.models.bart import Bart, BartConfig
@@ -21,6 +21,7 @@ from ptmjax.models.encoder_tasks import (
 )
 from ptmjax.models.gpt2 import GPT2, GPT2Config
 from ptmjax.models.gpt2_tasks import GPT2ForSequenceClassification
+from ptmjax.models.longt5 import LongT5, LongT5Config
 from ptmjax.models.mpnet import MPNet, MPNetConfig, MPNetPretraining
 from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.models.span_bert import SpanBert, SpanBertOutput
@@ -33,6 +34,6 @@ __all__ = [
     "ElectraPretrainingConfig", "Elmo", "ElmoConfig", "ElmoOutput", "EncoderDecoder", "EncoderForQuestionAnswering",
     "EncoderForSequenceClassification",
     "EncoderForTokenClassification", "GPT2", "GPT2Config", "GPT2ForSequenceClassification", "MaskedLMOutput",
-    "MPNet", "MPNetConfig", "MPNetPretraining",
+    "LongT5", "LongT5Config", "MPNet", "MPNetConfig", "MPNetPretraining",
     "PermutationLM", "SpanBert", "SpanBertOutput", "T5Config", "UniLM",
 ]

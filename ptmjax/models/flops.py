@@ -1,4 +1,4 @@
-"""Model FLOPs of a T5 or GPT-2 training step, for model FLOP utilisation (MFU).
+"""Model FLOPs of a T5 (LongT5 too) or GPT-2 training step, for model FLOP utilisation (MFU).
 
 Counts the matrix multiplications of the model as written (2 FLOPs per
 multiply-add), attention scores over the full length (no credit for masks),
@@ -37,11 +37,26 @@ def attention_flops(config: T5Config | GPT2Config, queries: int, keys: int) -> f
     return float(2 * projections * queries + 2 * projections * keys + 2 * 2 * queries * keys * inner)
 
 
+def encoder_attention_flops(config: T5Config, length: int) -> float:
+    """Per-example FLOPs of one encoder self-attention layer: full, or LongT5's (ptmjax/models/longt5.py) as it
+    computes them: scores over each block's 3-block window (the row padded to whole blocks) and, under
+    transient-global, over the global tokens, whose keys and values are projected too."""
+    if not hasattr(config, "local_radius"):
+        return attention_flops(config, length, length)
+    block = config.local_radius + 1
+    globals_ = length // config.global_block_size if config.encoder_attention_type == "transient-global" else 0
+    inner = config.num_heads * config.head_dim
+    projections = 2 * config.d_model * inner
+    padded = -(-length // block) * block
+    return float(2 * projections * length + 2 * projections * (length + globals_)
+                 + 2 * 2 * padded * (3 * block + globals_) * inner)
+
+
 def t5_forward_flops(config: T5Config, batch: int, inputs_length: int, targets_length: int) -> float:
     """FLOPs of one forward pass over a [batch, inputs] / [batch, targets] batch."""
     attention = functools.partial(attention_flops, config)
     encoder = sum(
-        attention(inputs_length, inputs_length) + feed_forward_flops(config, i) * inputs_length
+        encoder_attention_flops(config, inputs_length) + feed_forward_flops(config, i) * inputs_length
         for i in range(config.num_encoder_layers)
     )
     decoder = sum(

@@ -14,6 +14,7 @@ from ptmjax.families.model_api import model_api
 from ptmjax.models import GPT2, Bart, EncoderDecoder, T5Config
 from ptmjax.models.bart import BartConfig
 from ptmjax.models.gpt2 import GPT2Config
+from ptmjax.models.longt5 import LongT5, LongT5Config
 
 VOCAB = 48
 EOS = 1
@@ -34,9 +35,13 @@ GPT = GPT2Config(
     attention_dropout_rate=0.0,
 )
 GPT_MOE = dataclasses.replace(GPT, num_experts=4, moe_every=1, moe_eval_capacity_factor=4.0)
+# LongT5 over the 6-token encoder inputs: blocks of 2, 3 global tokens.
+LONGT5_TGLOBAL = LongT5Config(**{f.name: getattr(T5_V1_1, f.name) for f in dataclasses.fields(T5_V1_1)},
+                              encoder_attention_type="transient-global", local_radius=1, global_block_size=2)
 MODELS = {
     "t5_1_1": EncoderDecoder(T5_V1_1), "t5_1_0": EncoderDecoder(T5_V1_0), "switch": EncoderDecoder(SWITCH),
     "bart": Bart(BART), "mbart": Bart(MBART), "gpt2": GPT2(GPT), "gpt2_moe": GPT2(GPT_MOE),
+    "longt5_tglobal": LongT5(LONGT5_TGLOBAL),
 }
 # Encoder inputs of different lengths, padded with 0; decoder-only prompts right-padded (segment ids 0).
 ENCODER_INPUTS = np.array([[5, 6, 7, 8, 9, 1], [10, 11, 1, 0, 0, 0], [12, 13, 14, 1, 0, 0]], np.int32)
