@@ -88,7 +88,7 @@ def refuse_unless(config: EncoderConfig, family: str, **allowed: tuple[Any, ...]
 
 def hf_encoder_kwargs(config: EncoderConfig) -> dict[str, Any]:
     """The HF config kwargs every family writes alike (`to_hf_config`)."""
-    refuse_unless(config, "encoder", activation=tuple(TO_HF_ACTIVATION))
+    refuse_unless(config, "encoder", activation=tuple(TO_HF_ACTIVATION), num_languages=(0,))
     return dict(
         vocab_size=config.vocab_size, hidden_size=config.d_model, num_attention_heads=config.num_heads,
         num_hidden_layers=config.num_layers, intermediate_size=config.d_ff, max_position_embeddings=config.max_length,

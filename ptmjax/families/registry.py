@@ -111,6 +111,11 @@ MASKED_LM_WITH_SENTENCE_PAIRS = dataclasses.replace(
     MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "SentencePairFeatureConverter"),
     target_fields=("target_tokens", "loss_mask", "sentence_label"),
 )
+# XLM: MLM and translation LM rows with 'positions' (restarting at a pair's second half) and 'language_ids'.
+TRANSLATION_LM = dataclasses.replace(
+    MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "TranslationLmFeatureConverter"),
+    init_inputs=token_inputs("input_tokens", "positions", "language_ids"),
+)
 # SpanBERT: the module also reads each span token's boundaries and position; MLM + span boundary loss.
 SPAN_BOUNDARY_MLM = dataclasses.replace(
     MASKED_LM, converter=ConverterName(PTMJAX_CONVERTERS, "SpanBoundaryFeatureConverter"),
@@ -207,8 +212,10 @@ FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
     PermutationLM: lambda module: PERMUTED_LM,
     MPNetPretraining: lambda module: MASKED_PERMUTED_LM,
     PostLNEncoder: lambda module: ENCODER_FEATURES,
-    # BERT, RoBERTa, ALBERT: with a sentence-pair head (NSP / SOP) the batches carry sentence pairs.
-    MaskedLMEncoder: lambda module: MASKED_LM_WITH_SENTENCE_PAIRS if module.config.pair_head else MASKED_LM,
+    # BERT, RoBERTa, ALBERT: with a sentence-pair head (NSP / SOP) the batches carry sentence pairs; with XLM's
+    # language embedding (num_languages) translation-LM rows.
+    MaskedLMEncoder: lambda module: (TRANSLATION_LM if module.config.num_languages else
+                                     MASKED_LM_WITH_SENTENCE_PAIRS if module.config.pair_head else MASKED_LM),
     SpanBert: lambda module: SPAN_BOUNDARY_MLM,
     UniLM: lambda module: UNIFIED_LM,
     ElectraPretraining: lambda module: REPLACED_TOKEN_DETECTION,

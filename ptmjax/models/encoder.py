@@ -1,11 +1,12 @@
 """The post-LN encoder shared by BERT, RoBERTa, ALBERT and ELECTRA, and its MLM / sentence-pair wiring.
 
-`PostLNEncoder` is the backbone: embeddings (token, position, token type; width
-`embed_dim`, LayerNorm, dropout), an optional projection embed_dim -> d_model
-(ALBERT's embedding_hidden_mapping_in, ELECTRA's embeddings_project), then
-num_layers post-LN layers, with optional cross-layer parameter sharing
-(ALBERT). `MaskedLMEncoder` adds the MLM head and, when the config asks, the
-tanh pooler with a 2-way sentence-pair classifier (BERT's NSP, ALBERT's SOP).
+`PostLNEncoder` is the backbone: embeddings (token, position, token type and,
+with `num_languages`, XLM's language embedding; width `embed_dim`, LayerNorm,
+dropout), an optional projection embed_dim -> d_model (ALBERT's
+embedding_hidden_mapping_in, ELECTRA's embeddings_project), then num_layers
+post-LN layers, with optional cross-layer parameter sharing (ALBERT).
+`MaskedLMEncoder` adds the MLM head and, when the config asks, the tanh pooler
+with a 2-way sentence-pair classifier (BERT's NSP, ALBERT's SOP).
 Model classes subclass these, so every family has the same backbone parameter
 paths: `embeddings/...`, `embedding_projection`, `layers_{i}`.
 
@@ -54,6 +55,9 @@ class EncoderConfig(ModelConfig):
     positions_after_padding: RoBERTa position ids, counting non-padding tokens
       from pad_token_id + 1 (as Hugging Face computes them).
     activation: 'gelu_exact' (erf, HF 'gelu') or 'gelu' (tanh, HF 'gelu_new'), 'relu', 'silu'.
+    num_languages: rows of XLM's language table (Lample & Conneau, 2019), added to the token, position and
+      type embeddings from 'language_ids' [b, s] (none given: language 0); with it the model reads the
+      translation-LM features ('positions' restarting at a pair's second half, 'language_ids'). 0: none.
     Keyword-only, as in every family (ptmjax/models/config.py): dropout_rate,
     layer_norm_epsilon, dtype, param_dtype, and remat_policy and scan_layers
     (one scan over the layers, or over the groups of shared layers).
@@ -73,10 +77,16 @@ class EncoderConfig(ModelConfig):
     attention_dropout_rate: float = 0.1
     activation: str = "gelu_exact"
     layer_norm_epsilon: float = dataclasses.field(default=1e-12, kw_only=True)
+    num_languages: int = dataclasses.field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
         check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_length")
+        if self.num_languages < 0:
+            raise ValueError(f"{owner}.num_languages={self.num_languages} must be 0 (no language embedding) or more.")
+        if self.num_languages and self.pair_head:
+            raise ValueError(f"{owner}.num_languages={self.num_languages} trains on translation-LM rows, which have no "
+                             "sentence-pair labels: turn the sentence-pair head off (nsp_head / sop_head = False).")
         if self.type_vocab_size < 0:
             raise ValueError(f"{owner}.type_vocab_size={self.type_vocab_size} must be 0 (no token types) or more.")
         check_heads_divide(self)
@@ -159,7 +169,7 @@ class EncoderConfig(ModelConfig):
 
 
 class Embeddings(nn.Module):
-    """Token + position + token-type embeddings, LayerNorm, dropout: ids [b, s] -> [b, s, embed_dim]."""
+    """Token + position + token-type (+ language) embeddings, LayerNorm, dropout: ids [b, s] -> [b, s, embed_dim]."""
 
     config: EncoderConfig
 
@@ -173,14 +183,19 @@ class Embeddings(nn.Module):
                 c.type_vocab_size, c.embed_dim, axes=("token_type", "embed"), embedding_init=table_init,
                 **dtype_kwargs(c),
             )
+        if c.num_languages:
+            self.language_embedder = Embed(
+                c.num_languages, c.embed_dim, axes=("language", "embed"), embedding_init=table_init, **dtype_kwargs(c)
+            )
         self.layer_norm = LayerNorm(c.layer_norm_epsilon, **dtype_kwargs(c))
         self.dropout = nn.Dropout(c.dropout_rate)
 
     def __call__(
         self, input_tokens: Array, token_type_ids: Array | None, enable_dropout: bool = False,
-        position_ids: Array | None = None,
+        position_ids: Array | None = None, language_ids: Array | None = None,
     ) -> Array:
-        """position_ids [b, s]: rows of the position table (MPNet's permuted order); None: the config's positions."""
+        """position_ids [b, s]: rows of the position table (MPNet's permuted order); None: the config's positions.
+        language_ids [b, s]: rows of the language table (needs `num_languages`); None: language 0."""
         c = self.config
         if position_ids is None and c.positions_after_padding:
             position_ids = positions_after_padding(input_tokens, c.pad_token_id)  # [b, s]
@@ -191,6 +206,11 @@ class Embeddings(nn.Module):
             x = x + self.token_type_embedder(jnp.zeros_like(input_tokens) if token_type_ids is None else token_type_ids)
         elif token_type_ids is not None:
             raise ValueError(f"{type(c).__name__}.type_vocab_size=0 has no token types; pass token_type_ids=None.")
+        if c.num_languages:
+            x = x + self.language_embedder(jnp.zeros_like(input_tokens) if language_ids is None else language_ids)
+        elif language_ids is not None:
+            raise ValueError(f"{type(c).__name__}.num_languages=0 has no language embedding; pass language_ids=None "
+                             "or set num_languages.")
         x = x + broadcast_batch(self.position_embedder(position_ids), len(input_tokens))
         return self.dropout(self.layer_norm(x), deterministic=not enable_dropout)  # [b, s, embed_dim]
 
@@ -246,11 +266,13 @@ class PostLNEncoder(nn.Module):
     @nn.compact
     def encode(
         self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False,
-        attention: Array | None = None,
+        attention: Array | None = None, positions: Array | None = None, language_ids: Array | None = None,
     ) -> Array:
         """input_tokens [b, s] int, token_type_ids [b, s] (default 0) -> final hidden states [b, s, d_model].
 
         attention: bool [b, 1, s, s], the keys each query may attend (UniLM's masks); None: every real token.
+        positions [b, s]: each token's position, 0 first (XLM's restart at a pair's second half); None: 0, 1, ...
+        language_ids [b, s]: XLM's language of each token (needs `num_languages`).
         """
         c = self.config
         if input_tokens.ndim != 2 or not jnp.issubdtype(input_tokens.dtype, jnp.integer):
@@ -262,7 +284,7 @@ class PostLNEncoder(nn.Module):
                 f"token_type_ids has shape {token_type_ids.shape} but input_tokens has {input_tokens.shape}."
             )
         check_length(input_tokens.shape[1], c.max_sequence_length, type(self).__name__)
-        x = self.embedded(input_tokens, token_type_ids, enable_dropout)
+        x = self.embedded(input_tokens, token_type_ids, enable_dropout, positions, language_ids)
         mask = (self.attention_mask(input_tokens, x.dtype) if attention is None
                 else AttentionMask(mask_to_bias(attention, x.dtype)).for_kernel(c.attention_kernel, x.dtype))
         return apply_layers(
@@ -270,12 +292,24 @@ class PostLNEncoder(nn.Module):
             repeats=c.num_layers // c.layer_groups,
         )
 
-    def embedded(self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False) -> Array:
+    def embedded(
+        self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False,
+        positions: Array | None = None, language_ids: Array | None = None,
+    ) -> Array:
         """The first layer's input [b, s, d_model]: the embeddings, then ALBERT's and ELECTRA's projection."""
-        x = self.embeddings(input_tokens, token_type_ids, enable_dropout)  # [b, s, embed_dim]
+        x = self.embeddings(input_tokens, token_type_ids, enable_dropout, self.position_ids(input_tokens, positions),
+                            language_ids)  # [b, s, embed_dim]
         if self.config.embedding_size is not None:
             x = self.embedding_projection(x)  # [b, s, d_model]
         return nn.with_logical_constraint(x, HIDDEN_AXES)
+
+    def position_ids(self, input_tokens: Array, positions: Array | None) -> Array | None:
+        """Rows of the position table for `positions` counted from 0: RoBERTa's shifted past pad_token_id (its
+        padding keeps pad_token_id); None: the config's own positions."""
+        c = self.config
+        if positions is None or not c.positions_after_padding:
+            return positions
+        return jnp.where(input_tokens != c.pad_token_id, positions + c.pad_token_id + 1, c.pad_token_id)
 
     def attention_mask(self, input_tokens: Array, dtype: jnp.dtype) -> AttentionMask:
         """Every layer's attention mask: real tokens attend to real tokens, in the config's kernel's form."""
@@ -295,7 +329,8 @@ class MaskedLMOutput:
 class MaskedLMEncoder(PostLNEncoder):
     """The encoder with its MLM head (tied to the token table) and, if `config.pair_head`, a sentence-pair head.
 
-    `__call__(input_tokens, token_type_ids=None, enable_dropout=False)` -> MaskedLMOutput.
+    `__call__(input_tokens, token_type_ids=None, enable_dropout=False, positions=None, language_ids=None)`
+    -> MaskedLMOutput.
     """
 
     def setup(self) -> None:
@@ -306,17 +341,22 @@ class MaskedLMEncoder(PostLNEncoder):
             self.pair_head = SentencePairHead(c.d_model, c.pair_dropout_rate, **dtype_kwargs(c))
 
     def pretraining_logits(
-        self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False
+        self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False,
+        positions: Array | None = None, language_ids: Array | None = None,
     ) -> tuple[Array, Array | None]:
         """-> float32 (MLM logits [b, s, vocab], sentence-pair logits [b, 2] or None without that head)."""
-        hidden = self.encode(input_tokens, token_type_ids, enable_dropout)
+        hidden = self.encode(input_tokens, token_type_ids, enable_dropout, positions=positions,
+                             language_ids=language_ids)
         pair = self.pair_logits(hidden, enable_dropout) if self.config.pair_head else None
         return self.mlm_logits(hidden), pair
 
     def __call__(
-        self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False
+        self, input_tokens: Array, token_type_ids: Array | None = None, enable_dropout: bool = False,
+        positions: Array | None = None, language_ids: Array | None = None,
     ) -> MaskedLMOutput:
-        return MaskedLMOutput(*self.pretraining_logits(input_tokens, token_type_ids, enable_dropout))
+        """positions, language_ids [b, s]: XLM's translation-LM features (`PostLNEncoder.encode`)."""
+        return MaskedLMOutput(*self.pretraining_logits(input_tokens, token_type_ids, enable_dropout, positions,
+                                                       language_ids))
 
     def mlm_logits(self, hidden: Array) -> Array:
         """hidden [b, s, d_model] -> float32 MLM logits [b, s, vocab]."""
