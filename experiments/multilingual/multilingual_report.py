@@ -1,0 +1,178 @@
+"""The multilingual experiment's summary over seeds, its Markdown and JSON results, and its plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from ptmjax.tools import results_files
+
+SCRIPT = "experiments/multilingual/run.py"  # how the README's table markers name this script
+COLUMNS = {  # summary key -> its column heading
+    "pretrain_loss": "pre-training loss",
+    "retrieval_en_to_x": "retrieval en->X (acc@1, %)",
+    "retrieval_x_to_en": "retrieval X->en (acc@1, %)",
+    "transfer": "zero-shot X accuracy (%)",
+    "english": "English accuracy (%)",
+}
+
+
+def slug(name: str) -> str:
+    """A folder name for an arm's name."""
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_").replace("__", "_")
+
+
+def headline(run: dict[str, Any]) -> dict[str, float]:
+    """One run's figures of `COLUMNS`: means over the non-English languages, in percent (the loss as it is)."""
+    retrieval = run["retrieval"].values()
+    others = [v["accuracy"] for language, v in run["classification"].items() if language != "en"]
+    return {
+        "pretrain_loss": run["pretrain_loss"],
+        "retrieval_en_to_x": 100 * float(np.mean([v["en_to_x"] for v in retrieval])),
+        "retrieval_x_to_en": 100 * float(np.mean([v["x_to_en"] for v in retrieval])),
+        "transfer": 100 * float(np.mean(others)),
+        "english": 100 * run["classification"]["en"]["accuracy"],
+    }
+
+
+def interval(values: Sequence[float]) -> list[float]:
+    """The 95% t-interval of the mean over seeds: mean -+ t(0.975, n-1) * sd / sqrt(n)."""
+    values = np.asarray(values, float)
+    if len(values) < 2:
+        return [float(values.mean())] * 2
+    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+    return [float(values.mean() - half), float(values.mean() + half)]
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """{arm: {figure: {mean, ci95, seeds}}, per-language means too} over the runs of each arm, arms in run order."""
+    summary = {}
+    for arm in dict.fromkeys(run["arm"] for run in runs):
+        own = [run for run in runs if run["arm"] == arm]
+        figures = {key: [headline(run)[key] for run in own] for key in COLUMNS}
+        languages = {language: {
+            "accuracy": float(np.mean([100 * r["classification"][language]["accuracy"] for r in own])),
+            **({"en_to_x": float(np.mean([100 * r["retrieval"][language]["en_to_x"] for r in own])),
+                "x_to_en": float(np.mean([100 * r["retrieval"][language]["x_to_en"] for r in own]))}
+               if language in own[0]["retrieval"] else {}),
+        } for language in own[0]["classification"]}
+        summary[arm] = {**{key: {"mean": float(np.mean(v)), "ci95": interval(v), "seeds": v}
+                           for key, v in figures.items()}, "languages": languages}
+    return summary
+
+
+def cell(figure: dict[str, Any], fmt: str) -> str:
+    low, high = figure["ci95"]
+    return f"{fmt.format(figure['mean'])} [{fmt.format(low)}, {fmt.format(high)}]"
+
+
+def main_table(results: dict[str, Any]) -> str:
+    """The README's table: every arm's figures, mean [95% interval over seeds]."""
+    lines = ["| pre-training | " + " | ".join(COLUMNS.values()) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for arm, figures in results["summary"].items():
+        cells = [cell(figures[key], "{:.2f}" if key == "pretrain_loss" else "{:.1f}") for key in COLUMNS]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def language_table(results: dict[str, Any]) -> str:
+    """Per language, mean over seeds: retrieval en->X / X->en and the classifier's accuracy."""
+    languages = list(next(iter(results["summary"].values()))["languages"])
+    lines = ["| pre-training | " + " | ".join(languages) + " |", "|---" * (len(languages) + 1) + "|"]
+    for arm, figures in results["summary"].items():
+        cells = []
+        for language in languages:
+            v = figures["languages"][language]
+            retrieval = f"{v['en_to_x']:.0f} / {v['x_to_en']:.0f} / " if "en_to_x" in v else ""
+            cells.append(f"{retrieval}{v['accuracy']:.0f}")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def tables(results: dict[str, Any] | None = None, out_dir: pathlib.Path | None = None) -> dict[str, str]:
+    """The README's generated tables, from the committed results.json unless `results` is given."""
+    if results is None:
+        results = json.loads(((out_dir or pathlib.Path(__file__).parent) / "results.json").read_text())
+    return {"summary": main_table(results)}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    s = results["setting"]
+    return "\n".join([
+        f"# Multilingual comparison ({s['name']} setting)", "",
+        f"Measured {results['measured']['date']} on {results['measured']['machine']} (commit "
+        f"{results['measured']['commit']}), `{results['measured']['command']}`; {results['wall_s'] / 60:.0f} minutes "
+        f"in all, 1-minute load average {results['load_1min']:.1f} at the end.", "",
+        f"Setting: {json.dumps(s)}", "",
+        f"Mean over {len(s['seeds'])} seeds [95% t-interval over the seeds]; 'X': the mean over "
+        f"{', '.join(results['locales'])}.",
+        "", main_table(results), "",
+        "Per language, mean over seeds: retrieval en->X / X->en (acc@1, %) / classifier accuracy (%); "
+        f"held-out pairs per language: {results['retrieval_pairs']}; labelled test messages: "
+        f"{results['classification_examples']}; majority-class accuracy: {results['majority']}.", "",
+        language_table(results), "",
+        "Seeds (pre-training loss; retrieval en->X; zero-shot accuracy):", "",
+        *[f"- {arm}: " + "; ".join(", ".join(f"{v:.3g}" for v in figures[key]["seeds"])
+                                   for key in ("pretrain_loss", "retrieval_en_to_x", "transfer"))
+          for arm, figures in results["summary"].items()], "",
+        "Pre-training and evaluation time per run (s): " + ", ".join(
+            f"{r['arm']} seed {r['seed']}: {r['pretrain_s']:.0f} + {r['eval_s']:.0f}" for r in results["runs"]), "",
+    ])
+
+
+def plot(results: dict[str, Any], path: pathlib.Path) -> None:
+    """Bars with 95% intervals: retrieval both ways and zero-shot accuracy, per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ("retrieval_en_to_x", "retrieval_x_to_en", "transfer", "english")
+    arms = list(results["summary"])
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(arms)
+    for i, arm in enumerate(arms):
+        figures = results["summary"][arm]
+        means = [figures[k]["mean"] for k in keys]
+        errors = np.array([[m - figures[k]["ci95"][0], figures[k]["ci95"][1] - m]
+                           for k, m in zip(keys, means, strict=True)]).T
+        ax.bar(np.arange(len(keys)) + i * width, means, width, yerr=errors, capsize=3, label=arm)
+    ax.set_xticks(np.arange(len(keys)) + width * (len(arms) - 1) / 2, [COLUMNS[k] for k in keys], fontsize=8)
+    ax.axhline(100 * results["majority_mean"], color="grey", linestyle=":", label="majority class (classifier)")
+    ax.set_ylabel("%")
+    ax.set_title(f"Monolingual vs multilingual pre-training, {results['setting']['name']} setting "
+                 f"(mean of {len(results['setting']['seeds'])} seeds, 95% interval)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(setting: Any, locales: Sequence[str], runs: list[dict[str, Any]], out_dir: pathlib.Path,
+          wall_s: float, majority: dict[str, float]) -> dict[str, Any]:
+    """results[_<setting>].json, .md and the plot; the reduced setting also rewrites the README's table."""
+    suffix = "" if setting.name == "reduced" else f"_{setting.name}"
+    first = runs[0]
+    results = {
+        "measured": results_files.run_record(), "setting": dataclasses.asdict(setting), "locales": list(locales),
+        "wall_s": wall_s, "load_1min": os.getloadavg()[0], "summary": summarise(runs),
+        "retrieval_pairs": {k: v["pairs"] for k, v in first["retrieval"].items()},
+        "classification_examples": {k: v["examples"] for k, v in first["classification"].items()},
+        "majority": majority, "majority_mean": float(np.mean([v for k, v in majority.items() if k != "en"])),
+        "runs": runs,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"results{suffix}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out_dir / f"results{suffix}.md").write_text(markdown(results))
+    plot(results, out_dir / f"multilingual{suffix}.png")
+    readme = out_dir / "README.md"
+    if setting.name == "reduced" and readme.exists():
+        results_files.rewrite_tables(readme, SCRIPT, tables(results))
+    return results
