@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from ptmjax.layers import precision
 from ptmjax.layers.attention_mask import AttentionMask, pairwise_mask
+from ptmjax.layers.attention_patterns import AttentionPattern
 from ptmjax.layers.blockwise_attention import POLICIES as BLOCKWISE_POLICIES
 from ptmjax.layers.blockwise_attention import blockwise_attention, loop_pays
 from ptmjax.layers.common import DType, target_platform
@@ -59,37 +60,58 @@ class CacheSlots:
 
     index: int32 scalar, the cache slot of the call's first token (its others follow).
     length: the cache's number of slots (static).
+    window: None, or a ring buffer of `window` slots (static) for a sliding-window model: slot s is written in
+      ring slot s % window, and a call attends the ring as it was before the call (the last `window` slots
+      written) followed by its own tokens; the cache's memory then does not grow with `length`.
     """
 
     index: Array
     length: int = flax.struct.field(pytree_node=False)
+    window: int | None = flax.struct.field(pytree_node=False, default=None)
 
     def query_slots(self, num_queries: int) -> Array:
         """int32 [num_queries]: the slots of the call's tokens."""
         return self.index + jnp.arange(num_queries, dtype=jnp.int32)
 
-    def key_slots(self) -> Array:
-        """int32 [length]: every slot of the cache."""
-        return jnp.arange(self.length, dtype=jnp.int32)
+    def key_slots(self, num_queries: int = 0) -> Array:
+        """int32 [length] (a ring: [window + num_queries]): the slot each attended key was written at (a ring slot
+        not yet written: a negative one)."""
+        if self.window is None:
+            return jnp.arange(self.length, dtype=jnp.int32)
+        last = self.index - 1
+        written = last - (last - jnp.arange(self.window, dtype=jnp.int32)) % self.window
+        return jnp.concatenate([written, self.query_slots(num_queries)])
 
     def causal_mask(self, num_queries: int) -> Array:
-        """[1, 1, q, length]: a query sees the slots up to its own."""
-        return (self.key_slots()[None, :] <= self.query_slots(num_queries)[:, None])[None, None]
+        """[1, 1, q, keys]: a query sees the written slots up to its own."""
+        keys = self.key_slots(num_queries)
+        return ((keys[None, :] <= self.query_slots(num_queries)[:, None]) & (keys >= 0)[None, :])[None, None]
 
 
 def cached_self_mask(
-    cache: CacheSlots, num_queries: int, key_segment_ids: Array | None = None, prefix: Array | None = None
+    cache: CacheSlots, num_queries: int, key_segment_ids: Array | None = None, prefix: Array | None = None,
+    pattern: AttentionPattern | None = None, query_positions: Array | None = None,
 ) -> Array:
-    """Decoder-only mask [b|1, 1, q, length] of a decoding call: causal over the cache slots, within
-    the non-padding slots (key_segment_ids [b, length] > 0), and bidirectional among the slots that
-    `prefix` [b, length] marks (a prefix-LM prompt)."""
+    """Decoder-only mask [b|1, 1, q, keys] of a decoding call: causal over the cache slots, within
+    the non-padding slots (key_segment_ids [b, length] > 0), bidirectional among the slots that
+    `prefix` [b, length] marks (a prefix-LM prompt), and as `pattern` says over positions: the queries'
+    `query_positions` [b, q], the keys' those of their slots (a row's positions are its slots shifted)."""
     mask = cache.causal_mask(num_queries)
+    keys = jnp.maximum(cache.key_slots(num_queries), 0)  # the unwritten ring slots are masked above
+
+    def at_keys(per_slot: Array) -> Array:  # [b, length] -> [b, keys]
+        return per_slot if cache.window is None else jnp.take(per_slot, keys, axis=1)
+
     if prefix is not None:
         prefix = prefix.astype(bool)
         query_prefix = jax.lax.dynamic_slice_in_dim(prefix, cache.index, num_queries, axis=1)
-        mask = mask | pairwise_mask(query_prefix, prefix)
+        mask = mask | pairwise_mask(query_prefix, at_keys(prefix))
     if key_segment_ids is not None:
-        mask = mask & (key_segment_ids > 0)[:, None, None, :]
+        mask = mask & (at_keys(key_segment_ids) > 0)[:, None, None, :]
+    if pattern is not None:
+        shift = cache.query_slots(num_queries)[-1] - query_positions[:, -1]  # [b]: slot minus position
+        key_positions = cache.key_slots(num_queries)[None, :] - shift[:, None]
+        mask = mask & jax.vmap(pattern.allowed)(query_positions, key_positions)[:, None]
     return mask
 
 
@@ -108,6 +130,9 @@ class MultiHeadAttention(nn.Module):
     context: the Pallas kernel reads `mask`'s segment ids, causal flag and bias, the others its
     `dense_bias`; they sow no weights and have no dropout on the probabilities, so they refuse
     `enable_dropout` with `dropout_rate` > 0.
+    `attention_pattern` (ptmjax/layers/attention_patterns.py): a sparse pattern ANDed with `mask` over the
+    query and key indices, read tile by tile by 'blockwise' (which skips the tiles it masks entirely) and as
+    a bias by the others; not applied with a cache, whose mask (`cached_self_mask`) takes it over positions.
 
     Decoding (`cache` given, apply with `mutable=['cache']`): self-attention
     writes the call's keys and values at `cache.index` of a [b, heads,
@@ -125,6 +150,7 @@ class MultiHeadAttention(nn.Module):
     scale_logits: bool = False
     cross_attention: bool = False
     attention_kernel: str = "einsum"
+    attention_pattern: AttentionPattern | None = None
     context_parallel: str = "all_gather"
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
@@ -159,10 +185,14 @@ class MultiHeadAttention(nn.Module):
                 self.put_variable("cache", "cross_key", key)
                 self.put_variable("cache", "cross_value", value)
             elif cache is not None:
-                key, value = self._write_to_cache(key, value, cache.index)  # [b, h, cache length, d]
+                key, value = self._write_to_cache(key, value, cache)  # [b, h, cache length, d]
 
         mask = mask if isinstance(mask, AttentionMask) else AttentionMask(mask)
+        if self.attention_pattern is not None and cache is None:
+            mask = mask.with_pattern(self.attention_pattern, query.shape[1], key.shape[2], self.dtype)
         key, value, mask = self.attended(key, value, mask)
+        if mask.pattern is not None:  # only 'blockwise' reads a sparse pattern as it is; the others as a bias
+            mask = mask.for_kernel(self.attention_kernel, self.dtype)
         if self.scale_logits:
             query = query * jnp.asarray(self.head_dim**-0.5, query.dtype)
         if self.attention_kernel != "einsum" and not self.is_initializing():
@@ -170,7 +200,8 @@ class MultiHeadAttention(nn.Module):
         # Every kernel initialises through the einsum path: init needs only the shapes, so a host without the
         # kernel's device can initialise (cuDNN needs a GPU), and on CPU the Pallas kernel's interpret mode
         # (callbacks that run JAX) can deadlock against flax's eager parameter init.
-        whole = self.attention_kernel == "blockwise" and not loop_pays(*key.shape[:2], query.shape[1], key.shape[2])
+        whole = self.attention_kernel == "blockwise" and mask.pattern is None and not loop_pays(
+            *key.shape[:2], query.shape[1], key.shape[2])
         if isinstance(mask, ContextMask) and (self.is_initializing() or context_axis() is None):
             mask = mask.folded(self.dtype).for_kernel(self.attention_kernel, self.dtype)
         if isinstance(mask, ContextMask):  # self-attention over a sequence split along the context axis
@@ -260,21 +291,37 @@ class MultiHeadAttention(nn.Module):
                 "use attention_kernel='einsum'"
             )
 
-    def _write_to_cache(self, key: Array, value: Array, index: Array) -> tuple[Array, Array]:
-        """Writes key and value [b, h, q, d] at slot `index` of the cache; returns the whole cache.
+    def _write_to_cache(self, key: Array, value: Array, cache: CacheSlots) -> tuple[Array, Array]:
+        """Writes key and value [b, h, q, d] at slot `cache.index` of the cache; returns the keys and values the
+        call attends: the whole cache, or, of a ring (`cache.window`), the ring before the write and the call's own.
 
-        The call that creates the cache (sized by its own length) writes nothing.
+        The call that creates the cache (sized by its own length, or the window) writes nothing.
         """
         created = self.has_variable("cache", "cached_key")
         cached = []
         for name, new in (("cached_key", key), ("cached_value", value)):
-            variable = self.variable("cache", name, jnp.zeros, new.shape, new.dtype)
-            if created:
-                new = new.astype(variable.value.dtype)
-                updated = jax.lax.dynamic_update_slice(variable.value, new, (0, 0, index, 0))
+            slots = new.shape[2] if cache.window is None else cache.window
+            variable = self.variable("cache", name, jnp.zeros, new.shape[:2] + (slots,) + new.shape[3:], new.dtype)
+            new = new.astype(variable.value.dtype)
+            if cache.window is not None:
+                cached.append(jnp.concatenate([variable.value, new], axis=2))
+                if created:
+                    variable.value = nn.with_logical_constraint(_ring_write(variable.value, new, cache), KV_AXES)
+            elif created:
+                updated = jax.lax.dynamic_update_slice(variable.value, new, (0, 0, cache.index, 0))
                 variable.value = nn.with_logical_constraint(updated, KV_AXES)
-            cached.append(variable.value)
-        return tuple(cached) if created else (key, value)
+                cached.append(variable.value)
+            else:
+                cached.append(new)
+        return tuple(cached)
+
+
+def _ring_write(ring: Array, new: Array, cache: CacheSlots) -> Array:
+    """`ring` [b, h, window, d] with the call's keys or values `new` [b, h, q, d] written at their slots modulo
+    the window (of more than `window`, the last `window`)."""
+    kept = min(new.shape[2], cache.window)
+    slots = (cache.index + new.shape[2] - kept + jnp.arange(kept, dtype=jnp.int32)) % cache.window
+    return ring.at[:, :, slots].set(new[:, :, new.shape[2] - kept:], unique_indices=True)
 
 
 def _check_cudnn(dtype: DType) -> None:

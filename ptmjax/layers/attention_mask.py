@@ -16,6 +16,10 @@ cuDNN a [batch, heads, q, k] bias and its gradient; `dense_bias` folds any mask 
 additive bias that 'einsum' takes, and 'xla' and 'cudnn' for packed batches. Masks with no such
 form (the prefix LM's bidirectional prefix, decoding caches, prefix tuning's prepended keys, the
 permutation LM's streams) are a folded bias alone.
+
+A sparse attention pattern (ptmjax/layers/attention_patterns.py) rides along as `pattern`, over the row's
+query and key indices: the 'blockwise' kernel reads it tile by tile and skips the tiles it masks entirely;
+for every other kernel `for_kernel` folds it into the bias.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from ptmjax.layers.attention_patterns import AttentionPattern
 from ptmjax.layers.batch_broadcast import broadcast_batch
 from ptmjax.layers.common import DType
 
@@ -67,6 +72,11 @@ def prefix_lm_self_mask(
     return mask
 
 
+def pattern_mask(pattern: AttentionPattern, num_queries: int, num_keys: int) -> Array:
+    """[1, 1, q, k]: where `pattern` lets query index i attend key index j."""
+    return jnp.asarray(pattern.allowed(jnp.arange(num_queries), jnp.arange(num_keys)))[None, None]
+
+
 def mask_to_bias(mask: Array, dtype: DType = jnp.float32) -> Array:
     """Boolean mask -> additive bias: 0 where allowed, a large negative number elsewhere (in float16 half its
     lowest finite value, so that the bias plus a logit stays finite and a fully masked row gives no NaN)."""
@@ -85,6 +95,8 @@ class AttentionMask:
     unpacked: the segment ids only mark padding (1: a token, 0: padding), expected at each row's tail: the
       kernels that read it as sequence lengths ('xla', 'cudnn') take a padding id before a row's last
       token for a token.
+    pattern: a sparse attention pattern over the query and key indices, ANDed with the rest (set with
+      segment ids); None: none.
     """
 
     bias: Array | None = None
@@ -92,6 +104,7 @@ class AttentionMask:
     key_segment_ids: Array | None = None
     causal: bool = flax.struct.field(pytree_node=False, default=False)
     unpacked: bool = flax.struct.field(pytree_node=False, default=False)
+    pattern: AttentionPattern | None = flax.struct.field(pytree_node=False, default=None)
 
     def dense_bias(self, dtype: DType) -> Array | None:
         """The mask folded into one additive bias [b|1, heads|1, q, k] (None: no mask, no bias)."""
@@ -100,8 +113,19 @@ class AttentionMask:
         mask = segment_mask(self.query_segment_ids, self.key_segment_ids)
         if self.causal:
             mask = causal_mask(mask.shape[-1]) & mask
-        folded = mask_to_bias(mask, dtype)
-        return folded if self.bias is None else broadcast_batch(self.bias, folded.shape[0]) + folded
+        if self.pattern is not None:
+            mask = mask & pattern_mask(self.pattern, *mask.shape[2:])
+        return _plus(self.bias, mask_to_bias(mask, dtype))
+
+    def with_pattern(self, pattern: AttentionPattern, num_queries: int, num_keys: int, dtype: DType) -> AttentionMask:
+        """This mask ANDed with `pattern` over the query and key indices: carried as `pattern` where segment ids
+        structure the mask (a kernel may read it), else folded into the bias."""
+        if self.query_segment_ids is not None:
+            return self.replace(pattern=pattern)
+        allowed = pattern_mask(pattern, num_queries, num_keys)
+        bias = mask_to_bias(allowed, dtype) if self.bias is None else jnp.where(allowed, self.bias, mask_to_bias(
+            False, dtype))
+        return self.replace(bias=bias)
 
     def sequence_lengths(self) -> tuple[Array, Array]:
         """int32 [b] each: the queries' and the keys' lengths up to each row's last nonzero segment id (of an
@@ -113,8 +137,17 @@ class AttentionMask:
     def for_kernel(self, kernel: str, dtype: DType) -> AttentionMask:
         """The mask as `kernel` reads it: this one for 'pallas_tpu_flash' and 'blockwise', and for 'xla' and
         'cudnn' if `unpacked`; else `dense_bias`, folded once where a stack's layers share it."""
+        if self.pattern is not None and kernel != "blockwise":  # the others take the pattern as a bias
+            sizes = (self.query_segment_ids.shape[1], self.key_segment_ids.shape[1])
+            pattern_bias = mask_to_bias(pattern_mask(self.pattern, *sizes), dtype)
+            return self.replace(bias=_plus(self.bias, pattern_bias), pattern=None).for_kernel(kernel, dtype)
         structured = kernel in ("pallas_tpu_flash", "blockwise") or (self.unpacked and kernel in ("xla", "cudnn"))
         return self if structured else AttentionMask(self.dense_bias(dtype))
+
+
+def _plus(bias: Array | None, folded: Array) -> Array:
+    """`folded` (a mask's bias [b|1, 1, q, k]) added to `bias` (None: nothing) broadcast over its batch."""
+    return folded if bias is None else broadcast_batch(bias, folded.shape[0]) + folded
 
 
 def encoder_attention_mask(

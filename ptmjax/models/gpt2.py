@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from ptmjax.layers.attention import CacheSlots, MultiHeadAttention, cached_self_mask
 from ptmjax.layers.attention_mask import AttentionMask, decoder_attention_mask, mask_to_bias
+from ptmjax.layers.attention_patterns import AttentionPattern
 from ptmjax.layers.batch_broadcast import broadcast_batch
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
 from ptmjax.layers.context_parallel import ContextMask
@@ -59,6 +60,9 @@ class GPT2Config(MoeConfig, ModelConfig, PipelineStages):
     GPT-2 has no MoE layers).
     block_position_embeddings: GLM's second position table (for `decoder_block_positions`, max_length
     entries); off in GPT-2.
+    attention_pattern: a sparse attention pattern (ptmjax/layers/attention_patterns.py), ANDed with the
+    causal, prefix and packing masks over each row's indices (decoding: over positions); None: dense. A
+    pattern with a `window` (SlidingWindow, DilatedWindow) decodes with a ring-buffer cache of `window` slots.
     """
 
     vocab_size: int
@@ -71,12 +75,18 @@ class GPT2Config(MoeConfig, ModelConfig, PipelineStages):
     activation: str = "gelu"
     layer_norm_epsilon: float = dataclasses.field(default=1e-5, kw_only=True)
     block_position_embeddings: bool = dataclasses.field(default=False, kw_only=True)
+    attention_pattern: AttentionPattern | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_length")
         check_heads_divide(self)
         check_activation(self)
         self.check_model_config("attention_dropout_rate")
+        if self.attention_pattern is not None and not isinstance(self.attention_pattern, AttentionPattern):
+            raise ValueError(
+                f"GPT2Config.attention_pattern must be an attention pattern (e.g. @SlidingWindow()), got "
+                f"{self.attention_pattern!r}"
+            )
         self.check_pipeline_fields()
 
     def layer_stacks(self) -> dict[tuple[str, ...], int]:
@@ -106,7 +116,8 @@ class GPT2Block(nn.Module):
         h = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-            attention_kernel=c.attention_kernel, context_parallel=c.context_parallel_attention, name="attention",
+            attention_kernel=c.attention_kernel, attention_pattern=c.attention_pattern,
+            context_parallel=c.context_parallel_attention, name="attention",
             **dtype_kwargs(c),
         )(h, h, mask, enable_dropout, cache)
         x = x + drop(h, deterministic=not enable_dropout)
@@ -180,8 +191,11 @@ class GPT2(nn.Module):
         if cache is None:  # the prefix LM's bidirectional prefix is folded into a bias where a kernel needs it
             mask = ContextMask.of(decoder_attention_mask(tokens, decoder_segment_ids), decoder_causal_attention)
         else:  # the cache's slots have no structured form
+            pattern = self.config.attention_pattern
+            if pattern is not None and pattern.window is not None and pattern.window < cache.length:
+                cache = cache.replace(window=pattern.window)  # a ring buffer of the window's slots
             mask = AttentionMask(mask_to_bias(cached_self_mask(cache, length, decoder_segment_ids,
-                                                               decoder_causal_attention), x.dtype))
+                                                               decoder_causal_attention, pattern, positions), x.dtype))
         mask = mask.for_kernel(self.config.attention_kernel, x.dtype)
         x = apply_layers(GPT2Block, self.config, self.config.num_layers, x, mask, cache, enable_dropout=enable_dropout)
         return nn.with_logical_constraint(self.decoder_norm(x), HIDDEN_AXES)
