@@ -52,8 +52,8 @@ def trust_ratio(w: np.ndarray, u: np.ndarray, coefficient: float = 1.0) -> float
     return 1.0 if norm_w == 0 or norm_u == 0 else coefficient * norm_w / norm_u
 
 
-def numpy_lamb(b1=0.9, b2=0.999, eps=1e-6) -> dict:
-    """You et al. 2020, Algorithm 2 with Adam's bias correction, in float64."""
+def numpy_adam(step, b1=0.9, b2=0.999, eps=1e-6) -> dict:
+    """`STEPS` float64 updates `w[k] <- w[k] - LR * step(k, w[k], u)`, u Adam's bias-corrected direction."""
     w = flat(tree(0))
     m = {k: np.zeros_like(v) for k, v in w.items()}
     v = {k: np.zeros_like(x) for k, x in w.items()}
@@ -62,12 +62,15 @@ def numpy_lamb(b1=0.9, b2=0.999, eps=1e-6) -> dict:
         for k in w:
             m[k] = b1 * m[k] + (1 - b1) * g[k]
             v[k] = b2 * v[k] + (1 - b2) * g[k] ** 2
-            u = (m[k] / (1 - b1**t)) / (np.sqrt(v[k] / (1 - b2**t)) + eps)
-            if k in WEIGHTS:
-                u = u + WD * w[k]
-                u = trust_ratio(w[k], u) * u
-            w[k] = w[k] - LR * u
+            w[k] = w[k] - LR * step(k, w[k], (m[k] / (1 - b1**t)) / (np.sqrt(v[k] / (1 - b2**t)) + eps))
     return w
+
+
+def numpy_lamb() -> dict:
+    """You et al. 2020, Algorithm 2 with Adam's bias correction, in float64."""
+    def step(k, w, u):
+        return trust_ratio(w, u + WD * w) * (u + WD * w) if k in WEIGHTS else u
+    return numpy_adam(step)
 
 
 def numpy_lars(momentum=0.9, coefficient=0.001) -> dict:
@@ -112,20 +115,10 @@ def test_excluding_biases_and_norms_changes_the_update():
 
 
 
-def numpy_adamw(decayed: set[str], b1=0.9, b2=0.999, eps=1e-8) -> dict:
+def numpy_adamw(decayed: set[str]) -> dict:
     """Loshchilov and Hutter's AdamW (decoupled decay, scaled by the rate as optax does) in float64; only the
     leaves in `decayed` decay."""
-    w = flat(tree(0))
-    m = {k: np.zeros_like(v) for k, v in w.items()}
-    v = {k: np.zeros_like(x) for k, x in w.items()}
-    for t in range(1, STEPS + 1):
-        g = flat(tree(t, 0.1))
-        for k in w:
-            m[k] = b1 * m[k] + (1 - b1) * g[k]
-            v[k] = b2 * v[k] + (1 - b2) * g[k] ** 2
-            u = (m[k] / (1 - b1**t)) / (np.sqrt(v[k] / (1 - b2**t)) + eps)
-            w[k] = w[k] - LR * (u + (WD * w[k] if k in decayed else 0.0))
-    return w
+    return numpy_adam(lambda k, w, u: u + (WD * w if k in decayed else 0.0), eps=1e-8)
 
 
 @pytest.mark.parametrize("decay_biases_and_norms", [True, False])
