@@ -31,7 +31,7 @@ from ptmjax.layers.norms import RMSNorm
 from ptmjax.layers.relative_position import RelativePositionBias
 from ptmjax.layers.transient_global import global_block_ids
 from ptmjax.models.config import check_positive_ints
-from ptmjax.models.t5 import Decoder, EncoderDecoder, T5Config, _feed_forward
+from ptmjax.models.t5 import Decoder, EncoderDecoder, EncoderLayer, T5Config
 
 Array = jax.Array
 ENCODER_ATTENTION_TYPES = ("local", "transient-global")
@@ -61,28 +61,17 @@ class LongT5Config(T5Config):
         check_positive_ints(self, "local_radius", "global_block_size")
 
 
-class LongT5EncoderLayer(nn.Module):
-    """Local (or TGlobal) self-attention then feed-forward (dense or MoE), each pre-normed and residual."""
+class LongT5EncoderLayer(EncoderLayer):
+    """T5's encoder layer with local (or TGlobal) self-attention."""
 
     config: LongT5Config
-    use_moe: bool = False
 
-    @nn.compact
-    def __call__(self, x: Array, bias: LocalAttentionBias, enable_dropout: bool = False) -> Array:
-        """x [b, s, embed] -> [b, s, embed]."""
+    def attend(self, h: Array, bias: LocalAttentionBias, enable_dropout: bool) -> Array:
         c = self.config
-        drop = nn.Dropout(c.dropout_rate)
-        h = RMSNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
-        h = LocalSelfAttention(
+        return LocalSelfAttention(
             c.num_heads, c.head_dim, c.local_radius + 1, c.dropout_rate, c.layer_norm_epsilon, name="attention",
             **dtype_kwargs(c),
         )(h, bias, enable_dropout)
-        x = x + drop(h, deterministic=not enable_dropout)
-        h = RMSNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
-        h = _feed_forward(c, self.use_moe)(h, enable_dropout)
-        x = nn.with_logical_constraint(x + drop(h, deterministic=not enable_dropout), HIDDEN_AXES)
-        self.sow("intermediates", "hidden_states", x)
-        return x
 
 
 class LongT5Encoder(nn.Module):

@@ -119,16 +119,20 @@ class EncoderLayer(nn.Module):
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
-        h = MultiHeadAttention(
-            c.num_heads, c.head_dim, c.dropout_rate, attention_kernel=c.attention_kernel,
-            context_parallel=c.context_parallel_attention, name="attention", **dtype_kwargs(c),
-        )(h, h, mask, enable_dropout)
-        x = x + drop(h, deterministic=not enable_dropout)
+        x = x + drop(self.attend(h, mask, enable_dropout), deterministic=not enable_dropout)
         h = RMSNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
         h = _feed_forward(c, self.use_moe)(h, enable_dropout)
         x = nn.with_logical_constraint(x + drop(h, deterministic=not enable_dropout), HIDDEN_AXES)
         self.sow("intermediates", "hidden_states", x)
         return x
+
+    def attend(self, h: Array, mask: AttentionMask, enable_dropout: bool) -> Array:
+        """Self-attention of the normed input, as the submodule 'attention' (LongT5's layer attends locally)."""
+        c = self.config
+        return MultiHeadAttention(
+            c.num_heads, c.head_dim, c.dropout_rate, attention_kernel=c.attention_kernel,
+            context_parallel=c.context_parallel_attention, name="attention", **dtype_kwargs(c),
+        )(h, h, mask, enable_dropout)
 
 
 class DecoderLayer(nn.Module):
