@@ -15,8 +15,8 @@ def test_every_converter_module_is_found_with_its_heads():
         module = importlib.import_module(f"ptmjax.convert.{path.stem}")
         declared.update({model_type: module for model_type in getattr(module, "HEADS", {})})
     assert {model_type: module for model_type, (module, _) in hf.FAMILIES.items()} == declared
-    assert sorted(declared) == ["albert", "bart", "bert", "electra", "gpt2", "mbart", "mpnet", "mt5", "roberta",
-                                "t5", "xlm-roberta"]
+    assert sorted(declared) == ["albert", "bart", "bert", "electra", "gpt2", "longt5", "mbart", "mpnet", "mt5",
+                                "roberta", "t5", "xlm-roberta"]
 
 
 def test_every_converted_class_is_a_registered_model_class():
