@@ -18,7 +18,7 @@ from ptmjax.compress.magnitude_pruning import MagnitudePruning
 from ptmjax.compress.quantization import quantized
 from ptmjax.compress.retention_search import RetentionSearch, retention_search
 from ptmjax.compress.token_dropping import power_bert
-from ptmjax.data import language_tags  # noqa: F401
+from ptmjax.data import language_tags, segment_stream_converter  # noqa: F401
 from ptmjax.families import token_loss  # noqa: F401
 from ptmjax.families.registry import MODEL_CLASSES
 from ptmjax.objectives import translation_lm  # noqa: F401
@@ -26,6 +26,7 @@ from ptmjax.storage import checkpoints  # noqa: F401
 from ptmjax.tasks import (  # noqa: F401
     classification_head,
     docstring_pairs,
+    documents,
     mixtures,
     module_classification,
     multilingual,

@@ -38,11 +38,13 @@ from ptmjax.models.permutation_lm import PermutationLM
 from ptmjax.models.sentence_encoder import SentenceEncoder
 from ptmjax.models.span_bert import SpanBert
 from ptmjax.models.t5 import EncoderDecoder
+from ptmjax.models.transformer_xl import TransformerXL
 from ptmjax.models.unilm import UniLM
 
 SEQIO = "seqio"
 PTMJAX_CONVERTERS = "ptmjax.data.feature_converters"
 BLANK_INFILLING_CONVERTER = ConverterName("ptmjax.data.blank_infilling_converter", "BlankInfillingFeatureConverter")
+SEGMENT_STREAM_CONVERTER = ConverterName("ptmjax.data.segment_stream_converter", "SegmentStreamFeatureConverter")
 
 
 def _pad_id(module: nn.Module) -> int:
@@ -101,6 +103,9 @@ BLANK_INFILLING = dataclasses.replace(
     DECODER_ONLY, converter=BLANK_INFILLING_CONVERTER,
     predict=functools.partial(decoding.predict, decoding.blank_infilling_prefill),
 )
+# Transformer-XL: each row continues the row before it (its memory is carried by ptmjax/training/recurrent_memory.py);
+# no cached decoding yet.
+TRANSFORMER_XL = dataclasses.replace(DECODER_ONLY, converter=SEGMENT_STREAM_CONVERTER, predict=None)
 MASKED_LM = Family(
     Kind.ENCODER, ConverterName(PTMJAX_CONVERTERS, "MaskedLmFeatureConverter"), token_inputs("input_tokens"),
     ("target_tokens", "loss_mask"), "target_tokens", "loss_mask", losses.masked_lm_loss,
@@ -225,6 +230,7 @@ FAMILIES: dict[type[nn.Module], Callable[[nn.Module], Family]] = {
     GPT2ForSequenceClassification: decoder_sequence_head_family,
     SentenceEncoder: sentence_embedding_family,
     Elmo: bidirectional_lm_family,
+    TransformerXL: lambda module: TRANSFORMER_XL,
 }
 
 # The model classes a user builds by name: each gin-configurable as `ptmjax.models.<class name>`.
@@ -232,7 +238,7 @@ MODEL_CLASSES: tuple[type[nn.Module], ...] = (
     EncoderDecoder, Bart, GPT2, Bert, Albert, ElectraPretraining, ElectraDiscriminator, ElectraGenerator,
     PermutationLM, SpanBert, UniLM, EncoderForSequenceClassification, EncoderForTokenClassification,
     EncoderForQuestionAnswering, GPT2ForSequenceClassification,
-    MPNet, MPNetPretraining, Elmo, LongT5,
+    MPNet, MPNetPretraining, Elmo, LongT5, TransformerXL,
 )
 
 
