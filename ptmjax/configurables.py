@@ -27,6 +27,7 @@ from ptmjax.tasks import (  # noqa: F401
     classification_head,
     docstring_pairs,
     documents,
+    long_documents,
     mixtures,
     module_classification,
     multilingual,

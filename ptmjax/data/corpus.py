@@ -152,10 +152,11 @@ def _extract_documents() -> tuple[tuple[str, str], ...]:
     return tuple((module, document) for document, module in documents.items())
 
 
-def split_of(text: str) -> str:
-    """Returns 'validation' or 'train' for a document, from a stable hash."""
+def split_of(text: str, validation_percent: int = VALIDATION_PERCENT) -> str:
+    """Returns 'validation' or 'train' for a document, from a stable hash (`validation_percent` of 100 buckets
+    are 'validation')."""
     bucket = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") % 100
-    return "validation" if bucket < VALIDATION_PERCENT else "train"
+    return "validation" if bucket < validation_percent else "train"
 
 
 def stdlib_documents_with_modules(split: str) -> tuple[tuple[str, str], ...]:
