@@ -31,6 +31,7 @@ import jax  # noqa: E402
 jax.config.update("jax_platforms", "cpu")  # compile-only: local accelerators are never used
 
 from ptmjax import gin_files  # noqa: E402
+from ptmjax.layers import pipeline, splash_attention  # noqa: E402
 from ptmjax.tools import aot_compile as aot  # noqa: E402
 from ptmjax.tools import results_files  # noqa: E402
 from ptmjax.training import run  # noqa: E402
@@ -39,7 +40,7 @@ DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 RESULTS = DOCS / "aot_compile.json"
 TABLE = DOCS / "aot_compile.md"
 SCRIPT = "benchmarks/aot_compile_table.py"  # how docs/aot_compile.md's table markers name this script
-TABLES = ("models", "remat_scan", "kernels")
+TABLES = ("models", "remat_scan", "kernels", "pipeline", "context", "sparse")
 RUN = "runs/pretrain.gin"  # T5's pre-training setting: batch 128, inputs 512, targets 114, Adafactor
 BF16 = ("T5Config.dtype = 'bfloat16'",)  # 3B and 11B: full remat and scanned layers come from their gin files
 
@@ -55,10 +56,11 @@ class Row:
     bindings: tuple[str, ...] = ()
     num_slices: int = 1
     table: str = "models"  # which table of docs/aot_compile.md (one of TABLES)
+    run: str = RUN
 
     @property
     def gin_files(self) -> list[str]:
-        return [f"models/{self.model}.gin", RUN, f"mesh/{self.mesh}.gin"]
+        return [f"models/{self.model}.gin", self.run, f"mesh/{self.mesh}.gin"]
 
     @property
     def command(self) -> str:
@@ -104,6 +106,86 @@ def _rows() -> list[Row]:
     for chunk in (None, 64):
         rows.append(Row("t5_base_250k_vocab" + (f"_chunk{chunk}" if chunk else ""), "t5_1_1_base", "v5e:2x2", "fsdp",
                         (*mt5, f"LossConfig.logits_chunk_size = {chunk}"), table="kernels"))
+    return rows + _scale_rows()
+
+
+GPT2_RUN = "runs/gpt2_pretrain.gin"  # GPT-2 causal LM: batch 32 of 2048 tokens, AdamW
+SCANNED = ("scan_layers = True", "remat_policy = 'full'", "dtype = 'bfloat16'")  # bound on each row's config
+GPT2_30B = ("GPT2Config.d_model = 7168", "GPT2Config.num_heads = 56", "GPT2Config.num_layers = 48",
+            "GPT2Config.d_ff = 28672", "GPT2Config.dropout_rate = 0.0", "GPT2Config.attention_dropout_rate = 0.0",
+            *(f"GPT2Config.{b}" for b in SCANNED))  # 30.0B parameters, GPT-2's shape at 7168 wide and 48 deep
+
+
+def _axes(**sizes: int) -> str:
+    """A MeshConfig.axes binding (with mesh/pp.gin or mesh/cp.gin): the given sizes, every other axis 1."""
+    axes = {"data": 1, "stage": 1, "fsdp": 1, "context": 1, "tensor": 1, "expert": 1, **sizes}
+    return f"MeshConfig.axes = {axes}"
+
+
+def _scale_rows() -> list[Row]:
+    """Pipeline stages, the context axis and splash attention's sparse masks (tables pipeline, context, sparse)."""
+    # GPT-2 30B, batch 32 of 2048 tokens: FSDP alone spans at most 32 chips (a row each), too few for 30B with
+    # AdamW; on the 64 chips of v5e:8x8 the other factor 2 (or 4) is tensor parallelism or pipeline stages.
+    rows = [Row("gpt2_30B_fsdp32", "gpt2_medium", "v5e:4x8", "fsdp", GPT2_30B, table="pipeline", run=GPT2_RUN),
+            Row("gpt2_30B_fsdp32_tp2", "gpt2_medium", "v5e:8x8", "fsdp", (*GPT2_30B, "MeshConfig.tensor = 2"),
+                table="pipeline", run=GPT2_RUN)]
+    for stages, micro in ((2, 1), (4, 2)):
+        options = (*GPT2_30B, _axes(stage=stages, fsdp=64 // stages), f"GPT2Config.pipeline_microbatches = {micro}")
+        rows.append(Row(f"gpt2_30B_pp{stages}_fsdp{64 // stages}_m{micro}", "gpt2_medium", "v5e:8x8", "pp", options,
+                        table="pipeline", run=GPT2_RUN))
+    # One 32k-token row of GPT-2 medium on the 8 chips of v5e:2x4: heads over 8 devices, or the sequence.
+    gpt2_32k = ("train.task_feature_lengths = {'targets': 32768}", "GPT2Config.max_length = 32768",
+                "train.batch_size = 1", "GPT2Config.dropout_rate = 0.0", "GPT2Config.attention_dropout_rate = 0.0",
+                *(f"GPT2Config.{b}" for b in SCANNED))
+    rows.append(Row("gpt2_medium_32k_tp8", "gpt2_medium", "v5e:2x4", "fsdp",
+                    (*gpt2_32k, "MeshConfig.fsdp = 1", "MeshConfig.tensor = 8"), table="context", run=GPT2_RUN))
+    for form in ("ring", "all_gather"):
+        rows.append(Row(f"gpt2_medium_32k_cp8_{form}", "gpt2_medium", "v5e:2x4", "cp",
+                        (*gpt2_32k, _axes(context=8), f"GPT2Config.context_parallel_attention = '{form}'"),
+                        table="context", run=GPT2_RUN))
+    # T5 v1.1 base, 4 rows of 8192 input and 8192 target tokens on the 4 chips of v5e:2x2: a row per chip, or
+    # every row's sequence over the 4 chips.
+    t5_8k = ("train.task_feature_lengths = {'inputs': 8192, 'targets': 8192}", "train.batch_size = 4",
+             *(f"T5Config.{b}" for b in SCANNED))
+    rows.append(Row("t5_base_8k_fsdp4", "t5_1_1_base", "v5e:2x2", "fsdp", t5_8k, table="context"))
+    for form in ("ring", "all_gather"):
+        rows.append(Row(f"t5_base_8k_cp4_{form}", "t5_1_1_base", "v5e:2x2", "cp",
+                        (*t5_8k, _axes(context=4), f"T5Config.context_parallel_attention = '{form}'"),
+                        table="context"))
+    return rows + _sparse_rows()
+
+
+# Sparse patterns for splash attention's block-sparse mask (GPT2Config.attention_pattern).
+PATTERNS = {
+    "w128": ("GPT2Config.attention_pattern = @SlidingWindow()", "SlidingWindow.size = 128"),
+    "w256": ("GPT2Config.attention_pattern = @SlidingWindow()", "SlidingWindow.size = 256"),
+    "global_w256": ("GPT2Config.attention_pattern = @AnyOf()", "AnyOf.patterns = [@SlidingWindow(), @GlobalTokens()]",
+                    "SlidingWindow.size = 256", "GlobalTokens.positions = [0]"),
+    "chunks256": ("GPT2Config.attention_pattern = @FixedChunks()", "FixedChunks.size = 256",
+                  "FixedChunks.summary = 16"),
+}
+
+
+def _sparse_rows() -> list[Row]:
+    """GPT-2 small (one row per chip of v5e:2x2) at 8k to 32k tokens: einsum, splash dense (causal) and splash with
+    each pattern; LongT5 (transient-global) at 8k and 16k inputs (table sparse)."""
+    rows = []
+    for length in (8192, 16384, 32768):
+        common = (f"train.task_feature_lengths = {{'targets': {length}}}", f"GPT2Config.max_length = {length}",
+                  "train.batch_size = 4", "GPT2Config.dropout_rate = 0.0", "GPT2Config.attention_dropout_rate = 0.0",
+                  *(f"GPT2Config.{b}" for b in SCANNED))
+        kernels = {"einsum": ("GPT2Config.attention_kernel = 'einsum'",)} if length == 8192 else {}
+        kernels["splash"] = ("GPT2Config.attention_kernel = 'splash'",)
+        kernels.update({f"splash_{name}": (*kernels["splash"], *pattern) for name, pattern in PATTERNS.items()})
+        for name, options in kernels.items():
+            rows.append(Row(f"gpt2_small_{length // 1024}k_{name}", "gpt2_small", "v5e:2x2", "fsdp",
+                            (*common, *options), table="sparse", run=GPT2_RUN))
+    for inputs in (8192, 16384):
+        options = ("train.model = @LongT5()", "LongT5.config = @LongT5Config()", "train.pack = False",
+                   f"train.task_feature_lengths = {{'inputs': {inputs}, 'targets': 512}}", "train.batch_size = 4",
+                   *(f"LongT5Config.{b}" for b in SCANNED))
+        rows.append(Row(f"longt5_tglobal_base_{inputs // 1024}k", "longt5_tglobal_base", "v5e:2x2", "fsdp", options,
+                        table="sparse"))
     return rows
 
 
@@ -131,8 +213,27 @@ def compile_row(row: Row) -> dict:
         "lower_seconds": round(report.lower_seconds, 1), "compile_seconds": round(report.compile_seconds, 1),
         "jax": jax.__version__, "libtpu": importlib.metadata.version("libtpu"),
     }
+    record.update(_layout(spec, report.mesh_shape))
     del step
     gc.collect()
+    return record
+
+
+def _layout(spec, mesh_shape: dict[str, int]) -> dict:
+    """What a row's pipeline (stages, micro-batches, repeats, bubble) or splash kernel (blocks computed) is."""
+    config, record = spec.model.config, {}
+    stages = mesh_shape.get("stage", 1)
+    if stages > 1:
+        micro, repeats = config.pipeline_microbatches or stages, config.pipeline_repeats
+        record["pipeline"] = {"stages": stages, "microbatches": micro, "repeats": repeats,
+                              "schedule": config.pipeline_schedule,
+                              "bubble": pipeline.bubble_fraction(stages, micro, repeats)}
+    if getattr(config, "attention_kernel", None) == "splash":  # GPT-2: causal self-attention over the targets
+        length = -(-spec.task_feature_lengths["targets"] // splash_attention.BLOCK) * splash_attention.BLOCK
+        live = splash_attention.live_blocks(config.attention_pattern, True, length, length)
+        blocks = len(live)
+        record["splash_blocks"] = {"computed": int(live.sum()), "causal": blocks * (blocks + 1) // 2,
+                                   "all": blocks * blocks}
     return record
 
 
@@ -168,10 +269,54 @@ def _markdown(results: dict[str, dict], table: str) -> str:
     return "\n".join(lines) + "\n\nCommands:\n\n```\n" + "\n".join(commands) + "\n```"
 
 
+def _extra(table: str, r: dict) -> list[str]:
+    """The cells a scale table adds: the pipeline's bubble, or the blocks splash attention computes."""
+    if table == "pipeline":
+        p = r.get("pipeline")
+        return ["-" if p is None else f"{p['stages']} x {p['microbatches']}: {p['bubble']:.1%}"]
+    if table == "sparse":
+        b = r.get("splash_blocks")
+        return ["-" if b is None else f"{b['computed']} / {b['causal']} ({b['computed'] / b['causal']:.3f})"]
+    return []
+
+
+EXTRA_HEADS = {"pipeline": ["stages x micro-batches: bubble"], "sparse": ["blocks computed / causal blocks"]}
+
+
+def _scale_markdown(results: dict[str, dict], table: str) -> str:
+    """A pipeline, context or sparse table: the mesh as its axes above 1, the options that differ between its
+    rows (those all rows share are listed below it), and its extra cells."""
+    rows = [row for row in ROWS if row.table == table and row.name in results]
+    shared = set.intersection(*(set(row.bindings) for row in rows)) if rows else set()
+    head = ["row", "model (params)", "topology", "mesh", "options", "arguments", "temporaries",
+            "total / HBM per device (GiB)", "fits", *EXTRA_HEADS.get(table, []), "XLA FLOPs", "compile (s)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        r, m = results[row.name], results[row.name]["memory"]
+        mesh = ", ".join(f"{axis}={n}" for axis, n in r["mesh"].items() if n > 1)
+        options = ", ".join(b.split(".", 1)[1] for b in row.bindings
+                            if b not in shared and not b.startswith("MeshConfig.axes")) or "-"
+        total = f"{_gib(r['total_per_device'])} / {_gib(r['hbm_per_device'])}"
+        memory = ["-", "-", f"out of memory: {r['compiler_error']}"] if m is None else [
+            _gib(m["arguments"]), _gib(m["temporaries"]), total]
+        flops = "-" if r["xla_flops"] is None else f"{r['xla_flops']:.3e}"
+        cells = [row.name, f"{row.model} ({r['params'] / 1e9:.2f}B)", f"{r['topology']} ({r['devices']} x "
+                 f"{r['device_kind']})", mesh, options, *memory, "yes" if r["fits"] else "**no**",
+                 *_extra(table, r), flops, f"{r['compile_seconds']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    common = ", ".join(b.split(".", 1)[1] for b in sorted(shared)) or "-"
+    commands = "\n".join(f"{row.name}:\n    {row.command}" for row in rows)
+    return "\n".join(lines) + f"\n\nEvery row: {common}.\n\nCommands:\n\n```\n{commands}\n```"
+
+
+SCALE_TABLES = ("pipeline", "context", "sparse")
+
+
 def tables() -> dict[str, str]:
     """Each table of docs/aot_compile.md, from docs/aot_compile.json."""
     results = json.loads(RESULTS.read_text())
-    return {table: _markdown(results, table) + "\n" for table in TABLES}
+    return {table: (_scale_markdown if table in SCALE_TABLES else _markdown)(results, table) + "\n"
+            for table in TABLES}
 
 
 def main() -> None:

@@ -28,6 +28,8 @@ from ptmjax.layers.pallas_attention import POLICIES as PALLAS_POLICIES
 from ptmjax.layers.pallas_attention import tpu_flash_attention
 from ptmjax.layers.sequence_sharding import context_axis
 from ptmjax.layers.softmax import softmax
+from ptmjax.layers.splash_attention import POLICIES as SPLASH_POLICIES
+from ptmjax.layers.splash_attention import splash_attention
 
 Array = jax.Array
 
@@ -40,8 +42,10 @@ KV_AXES = ("activation_batch", "activation_heads", "activation_length", "activat
 # flash attention needs a GPU and bfloat16 or float16 activations); 'pallas_tpu_flash' calls JAX's
 # Pallas TPU flash-attention kernel (ptmjax/layers/pallas_attention.py: compiled on TPU, interpreted
 # on CPU, slowly, for tests); 'blockwise' loops over the examples and query blocks where the batch's
-# logits are large (ptmjax/layers/blockwise_attention.py: the fastest on a CPU) and is 'einsum' elsewhere.
-ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "pallas_tpu_flash", "blockwise")
+# logits are large (ptmjax/layers/blockwise_attention.py: the fastest on a CPU) and is 'einsum' elsewhere;
+# 'splash' calls JAX's Pallas TPU splash-attention kernel, whose block-sparse mask skips the blocks that
+# causality and a sparse pattern mask (ptmjax/layers/splash_attention.py).
+ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "pallas_tpu_flash", "blockwise", "splash")
 # The precision policies (ptmjax/layers/precision.py) each kernel takes, and how. 'einsum' runs its two
 # products on the seam; the fused ones run their own.
 KERNEL_POLICIES = {
@@ -51,6 +55,7 @@ KERNEL_POLICIES = {
     "cudnn": {precision.BFLOAT16: "cuDNN's fused flash attention, accumulated in float32 (GPU only)"},
     "pallas_tpu_flash": PALLAS_POLICIES,
     "blockwise": BLOCKWISE_POLICIES,
+    "splash": SPLASH_POLICIES,
 }
 
 
@@ -131,8 +136,9 @@ class MultiHeadAttention(nn.Module):
     `dense_bias`; they sow no weights and have no dropout on the probabilities, so they refuse
     `enable_dropout` with `dropout_rate` > 0.
     `attention_pattern` (ptmjax/layers/attention_patterns.py): a sparse pattern ANDed with `mask` over the
-    query and key indices, read tile by tile by 'blockwise' (which skips the tiles it masks entirely) and as
-    a bias by the others; not applied with a cache, whose mask (`cached_self_mask`) takes it over positions.
+    query and key indices, read tile by tile by 'blockwise' and as splash's block-sparse mask by 'splash' (both
+    skip the blocks it masks entirely) and as a bias by the others; not applied with a cache, whose mask
+    (`cached_self_mask`) takes it over positions.
 
     Decoding (`cache` given, apply with `mutable=['cache']`): self-attention
     writes the call's keys and values at `cache.index` of a [b, heads,
@@ -191,7 +197,7 @@ class MultiHeadAttention(nn.Module):
         if self.attention_pattern is not None and cache is None:
             mask = mask.with_pattern(self.attention_pattern, query.shape[1], key.shape[2], self.dtype)
         key, value, mask = self.attended(key, value, mask)
-        if mask.pattern is not None:  # only 'blockwise' reads a sparse pattern as it is; the others as a bias
+        if mask.pattern is not None:  # 'blockwise' and 'splash' read a sparse pattern as it is; the others as a bias
             mask = mask.for_kernel(self.attention_kernel, self.dtype)
         if self.scale_logits:
             query = query * jnp.asarray(self.head_dim**-0.5, query.dtype)
@@ -251,6 +257,8 @@ class MultiHeadAttention(nn.Module):
             return jnp.swapaxes(blockwise_attention(jnp.swapaxes(query, 1, 2), key, value, mask), 1, 2)
         if self.attention_kernel == "pallas_tpu_flash":
             return jnp.swapaxes(tpu_flash_attention(jnp.swapaxes(query, 1, 2), key, value, mask), 1, 2)
+        if self.attention_kernel == "splash":
+            return jnp.swapaxes(splash_attention(jnp.swapaxes(query, 1, 2), key, value, mask), 1, 2)
         if self.attention_kernel == "cudnn":
             _check_cudnn(query.dtype)
         structure = {}

@@ -18,8 +18,8 @@ form (the prefix LM's bidirectional prefix, decoding caches, prefix tuning's pre
 permutation LM's streams) are a folded bias alone.
 
 A sparse attention pattern (ptmjax/layers/attention_patterns.py) rides along as `pattern`, over the row's
-query and key indices: the 'blockwise' kernel reads it tile by tile and skips the tiles it masks entirely;
-for every other kernel `for_kernel` folds it into the bias.
+query and key indices: the 'blockwise' kernel reads it tile by tile and 'splash' as its block-sparse mask, and
+both skip the blocks it masks entirely; for every other kernel `for_kernel` folds it into the bias.
 """
 
 from __future__ import annotations
@@ -135,13 +135,14 @@ class AttentionMask:
                      for segments in ids)
 
     def for_kernel(self, kernel: str, dtype: DType) -> AttentionMask:
-        """The mask as `kernel` reads it: this one for 'pallas_tpu_flash' and 'blockwise', and for 'xla' and
-        'cudnn' if `unpacked`; else `dense_bias`, folded once where a stack's layers share it."""
-        if self.pattern is not None and kernel != "blockwise":  # the others take the pattern as a bias
+        """The mask as `kernel` reads it: this one for 'pallas_tpu_flash', 'blockwise' and 'splash', and for 'xla'
+        and 'cudnn' if `unpacked`; else `dense_bias`, folded once where a stack's layers share it."""
+        if self.pattern is not None and kernel not in ("blockwise", "splash"):  # the others take it as a bias
             sizes = (self.query_segment_ids.shape[1], self.key_segment_ids.shape[1])
             pattern_bias = mask_to_bias(pattern_mask(self.pattern, *sizes), dtype)
             return self.replace(bias=_plus(self.bias, pattern_bias), pattern=None).for_kernel(kernel, dtype)
-        structured = kernel in ("pallas_tpu_flash", "blockwise") or (self.unpacked and kernel in ("xla", "cudnn"))
+        structured = kernel in ("pallas_tpu_flash", "blockwise", "splash") or (
+            self.unpacked and kernel in ("xla", "cudnn"))
         return self if structured else AttentionMask(self.dense_bias(dtype))
 
 

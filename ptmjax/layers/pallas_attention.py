@@ -121,7 +121,7 @@ def _attention_bwd(causal: bool, how, residuals, d_out: Array):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _padded(x: Array, axis: int, length: int, value: int = 0) -> Array:
+def padded(x: Array, axis: int, length: int, value: int = 0) -> Array:
     """`x` padded with `value` at the end of `axis` up to `length`."""
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, length - x.shape[axis])
@@ -143,12 +143,12 @@ def tpu_flash_attention(query: Array, key: Array, value: Array, mask: AttentionM
         ab = jnp.broadcast_to(jnp.asarray(ab, query.dtype), (batch, heads, num_queries, num_keys))
     padded_q, padded_k = (-(-n // BLOCK) * BLOCK for n in (num_queries, num_keys))
     if (padded_q, padded_k) != (num_queries, num_keys):
-        query = _padded(query, 2, padded_q)
-        key, value = _padded(key, 2, padded_k), _padded(value, 2, padded_k)
-        ab = None if ab is None else _padded(_padded(ab, 2, padded_q), 3, padded_k)
+        query = padded(query, 2, padded_q)
+        key, value = padded(key, 2, padded_k), padded(value, 2, padded_k)
+        ab = None if ab is None else padded(padded(ab, 2, padded_q), 3, padded_k)
         if ids[0] is None:
             ids = (jnp.ones((batch, num_queries), jnp.int32), jnp.ones((batch, num_keys), jnp.int32))
-        ids = (_padded(ids[0], 1, padded_q, PAD_SEGMENT), _padded(ids[1], 1, padded_k, PAD_SEGMENT))
+        ids = (padded(ids[0], 1, padded_q, PAD_SEGMENT), padded(ids[1], 1, padded_k, PAD_SEGMENT))
     segment_ids = None if ids[0] is None else SegmentIds(*(jnp.asarray(i, jnp.int32) for i in ids))
     mesh = jax.sharding.get_abstract_mesh()
     batch_and_heads = None if mesh.empty else nn.logical_to_mesh_axes(("activation_batch", "activation_heads"))
