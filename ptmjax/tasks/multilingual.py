@@ -16,8 +16,10 @@ first asked for):
   streams, 15% selected) over the language's sentence-like texts ('en': the English sides of all the
   locales' pairs), with 'positions' and 'language_ids' (`translation_lm.with_language_ids`);
 * 'ptmjax_gettext_tlm_en_{language}': XLM's translation LM (`translation_lm.translation_lm`) over
-  (English, translation) pairs, language ids (0, the locale's);
-* mixtures 'ptmjax_gettext_mlm' over the MLM tasks and 'ptmjax_gettext_tlm' over the TLM tasks, each
+  (English, translation) pairs, language ids (0, the locale's); 'ptmjax_gettext_tlm_{language}_en' the same
+  pairs the other way round, [translation </s> English </s>] with language ids (the locale's, 0) (XLM
+  trains TLM in both orders);
+* mixtures 'ptmjax_gettext_mlm' over the MLM tasks and 'ptmjax_gettext_tlm' over the TLM tasks of both orders, each
   temperature-sampled by the 'train' sizes (texts, pairs: `mixtures.register_temperature_mixture`), and
   'ptmjax_gettext_xlm', those two at equal rates (XLM's MLM + TLM).
 
@@ -62,8 +64,10 @@ def mlm_task_name(language: str) -> str:
     return f"ptmjax_gettext_mlm_{task_language(language)}"
 
 
-def tlm_task_name(locale: str) -> str:
-    return f"ptmjax_gettext_tlm_en_{task_language(locale)}"
+def tlm_task_name(locale: str, to_english: bool = False) -> str:
+    """The TLM task over English -> `locale` pairs, or `locale` -> English ones with `to_english`."""
+    language = task_language(locale)
+    return f"ptmjax_gettext_tlm_{language}_en" if to_english else f"ptmjax_gettext_tlm_en_{language}"
 
 
 def xlm_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
@@ -122,13 +126,16 @@ def _register_mlm_task(language: str, language_id: int, locales: tuple[str, ...]
 
 
 def _register_tlm_task(locale: str, language_id: int, vocabulary: seqio.Vocabulary,
-                       roots: tuple[str, ...] | None) -> seqio.Task:
+                       roots: tuple[str, ...] | None, to_english: bool) -> seqio.Task:
+    """TLM over the pairs ('inputs' English, 'targets' the translation), the translation first with `to_english`."""
     source = seqio.FunctionDataSource(functools.partial(_pairs_dataset_fn, locale=locale, roots=roots),
                                       splits=message_pairs.SPLITS)
-    options = translation_lm.TranslationLMOptions(source_language_id=0, target_language_id=language_id)
+    sides = {"source_key": "targets", "target_key": "inputs", "source_language_id": language_id,
+             "target_language_id": 0} if to_english else {"source_language_id": 0, "target_language_id": language_id}
+    options = translation_lm.TranslationLMOptions(**sides)
     preprocessors = [*text_to_text.TEXT_PREPROCESSORS[:2],
                      functools.partial(translation_lm.translation_lm, options=options)]
-    return registry.register_task(tlm_task_name(locale), source, preprocessors, vocabulary,
+    return registry.register_task(tlm_task_name(locale, to_english), source, preprocessors, vocabulary,
                                   features=xlm_features(vocabulary))
 
 
@@ -167,12 +174,13 @@ def register_multilingual_tasks(
     for language_id, language in enumerate(texts):
         _register_mlm_task(language, language_id, locales, vocabulary, roots)
         if language != message_pairs.ENGLISH:
-            _register_tlm_task(language, language_id, vocabulary, roots)
+            for to_english in (False, True):
+                _register_tlm_task(language, language_id, vocabulary, roots, to_english)
     mixtures.register_temperature_mixture(MLM_MIXTURE, [mlm_task_name(language) for language in texts], temperature,
                                           sizes={mlm_task_name(language): len(t) for language, t in texts.items()})
-    mixtures.register_temperature_mixture(
-        TLM_MIXTURE, [tlm_task_name(locale) for locale in locales], temperature,
-        sizes={tlm_task_name(locale): len(message_pairs.sentence_pairs(locale, "train", roots)) for locale in locales})
+    tlm_sizes = {tlm_task_name(locale, to_english): len(message_pairs.sentence_pairs(locale, "train", roots))
+                 for locale in locales for to_english in (False, True)}
+    mixtures.register_temperature_mixture(TLM_MIXTURE, list(tlm_sizes), temperature, sizes=tlm_sizes)
     return registry.register_mixture(XLM_MIXTURE, [(MLM_MIXTURE, 1.0), (TLM_MIXTURE, 1.0)])
 
 

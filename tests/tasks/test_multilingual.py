@@ -1,6 +1,7 @@
 """The gettext multilingual tasks on this machine's catalogs (skipped, with a message, without them): the
-translation task's text and its BLEU/chrF, the TLM task's [English </s> translation </s>] with XLM's positions
-and language ids, the MLM mixture's temperature rates and sampled proportions, the feature converter."""
+translation task's text and its BLEU/chrF, the TLM tasks' [English </s> translation </s>] and [translation </s>
+English </s>] with XLM's positions and language ids, both orders at equal rates in the TLM mixture, the MLM
+mixture's temperature rates and sampled proportions, the feature converter."""
 
 import collections
 import math
@@ -49,6 +50,30 @@ def test_tlm_examples_concatenate_the_pair_with_reset_positions_and_language_ids
         assert (x["inputs"][~masked] == x["targets"][~masked]).all() and masked.any()
         checked += 1
     assert checked > 100
+
+
+def test_tlm_to_english_puts_the_translation_first_with_its_language_id(registered):
+    pairs = message_pairs.sentence_pairs("de", "validation")
+    checked = 0
+    for (english, german), x in zip(pairs, _examples(multilingual.tlm_task_name("de", to_english=True),
+                                                     "validation", 200), strict=False):
+        source, target = BYTES.encode(german), BYTES.encode(english)
+        if len(source) + len(target) + 2 > LENGTH:
+            continue
+        assert x["targets"].tolist() == [*source, 1, *target, 1]
+        assert x["positions"].tolist() == [*range(len(source) + 1), *range(len(target) + 1)]
+        assert x["language_ids"].tolist() == [1] * (len(source) + 1) + [0] * (len(target) + 1)  # de 1, en 0
+        checked += 1
+    assert checked > 100
+
+
+def test_the_tlm_mixture_takes_both_orders_at_equal_rates(registered):
+    mixture = seqio.get_mixture_or_task(multilingual.TLM_MIXTURE)
+    for locale in LOCALES:
+        rates = [mixture.get_rate(seqio.get_mixture_or_task(multilingual.tlm_task_name(locale, to_english)))
+                 for to_english in (False, True)]
+        assert rates[0] == rates[1] > 0
+    assert len(mixture.tasks) == 2 * len(LOCALES)
 
 
 def test_the_feature_converter_pads_every_field(registered):
