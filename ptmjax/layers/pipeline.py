@@ -27,7 +27,9 @@ all-to-all of the stack's parameters, and of their gradients, per step).
 Each stage's layers are scanned (`lax.scan`), rematerialised as `remat_policy`
 says; dropout draws one key per (micro-batch, layer), so they differ from the
 unpipelined run's, as scanning's differ from the plain stack's. Layers' sown
-intermediates are not collected under the pipeline.
+intermediates are not collected under the pipeline; their sown 'losses' (MoE's
+auxiliary losses, whose expert axis composes with the stages) are, each summed
+over the layers and averaged over the micro-batches (`apply_stages`).
 """
 
 from __future__ import annotations
@@ -133,18 +135,16 @@ def stage_layout(config: Any, depth: int, skips_layers: bool) -> tuple[str, int]
         raise ValueError(
             f"pipeline stages run GPT-2 (GPT2Config) stacks only, not {owner}'s; map the logical axis 'layers' to "
             "no mesh axis (drop MeshConfig.rules = @pipeline_rules() and the stage axis)")
-    if config.scan_period != 1 or any(config.layer_fields(i).get("use_moe") for i in range(depth)):
-        raise ValueError(f"{owner} has MoE layers, which pipeline stages do not run yet; set num_experts=0 or drop "
-                         "the stage axis and MeshConfig.rules = @pipeline_rules()")
     if not config.scan_layers:
         raise ValueError(f"pipeline stages split a scanned stack; set {owner}.scan_layers=True")
     if skips_layers:
         raise ValueError(f"{owner}: LayerDrop and layer schedules do not run with pipeline stages; set layerdrop=0 "
                          "and drop the layer schedule")
-    r = config.pipeline_repeats
-    if depth % (stages * r):
-        raise ValueError(f"{owner}: {depth} layers do not split into {stages} stages x pipeline_repeats={r}; make "
-                         "the depth a multiple of stages * repeats")
+    r, period = config.pipeline_repeats, config.scan_period
+    if depth % (stages * r * period):
+        per_step = f" (scan steps of moe_every={period} layers)" if period > 1 else ""
+        raise ValueError(f"{owner}: {depth} layers{per_step} do not split into {stages} stages x "
+                         f"pipeline_repeats={r}; make the depth a multiple of stages * repeats * {period}")
     m = config.pipeline_microbatches or stages
     if config.pipeline_schedule == "circular" and m < stages:
         raise ValueError(f"{owner}: the circular schedule needs pipeline_microbatches >= stages ({m} < {stages}); "
@@ -160,7 +160,11 @@ def runs_staged(body: nn.Module) -> bool:
 
 def apply_stages(body: nn.Module, config: Any, x: Array, args: tuple[Any, ...], enable_dropout: bool,
                  layout: tuple[str, int]) -> Array:
-    """The scanned stack `body` (its parameters [L, ...]) on x [b, ...] as a pipeline over `layout`'s axis."""
+    """The scanned stack `body` (its parameters [L, ...]) on x [b, ...] as a pipeline over `layout`'s axis.
+
+    What the layers sow into 'losses' (MoE's auxiliary losses) is sown into `body`'s, each loss summed over
+    the layers and averaged over the micro-batches: the whole batch's, as the losses are means over rows.
+    """
     axis, stages = layout
     microbatches = config.pipeline_microbatches or stages
     if x.shape[0] % microbatches:
@@ -171,10 +175,14 @@ def apply_stages(body: nn.Module, config: Any, x: Array, args: tuple[Any, ...], 
 
     def apply_layer(params, h, layer_args, layer_rng, index):
         rngs = {} if layer_rng is None else {"dropout": jax.random.fold_in(layer_rng, index)}
-        return plain.apply({"params": params}, h, *layer_args, enable_dropout, rngs=rngs)
+        out, sown = plain.apply({"params": params}, h, *layer_args, enable_dropout, rngs=rngs, mutable=["losses"])
+        return out, jax.tree.map(jnp.sum, dict(sown.get("losses", {})))
 
-    return pipelined_stack(apply_layer, body.variables["params"], x, args, rng, axis, stages, microbatches,
-                           config.pipeline_repeats)
+    out, losses = pipelined_stack(apply_layer, body.variables["params"], x, args, rng, axis, stages, microbatches,
+                                  config.pipeline_repeats)
+    for name, value in losses.items():
+        body.sow("losses", name, value)
+    return out
 
 
 def split_microbatches(x: Array, num_microbatches: int) -> Array:
@@ -196,14 +204,16 @@ def join_microbatches(x: Array) -> Array:
 
 
 def pipelined_stack(
-    apply_layer: Callable[..., Array], params: Any, x: Array, args: tuple[Any, ...], rng: Array | None,
+    apply_layer: Callable[..., tuple[Array, Any]], params: Any, x: Array, args: tuple[Any, ...], rng: Array | None,
     axis: str, stages: int, microbatches: int, repeats: int,
-) -> Array:
+) -> tuple[Array, Any]:
     """Runs a stack of L layers over x [b, ...] as a pipeline of `stages` stages on mesh axis `axis`.
 
     `params`: the scanned stack's parameters, leaves [L, ...] (sharded over `axis` on L).
-    `apply_layer(layer_params, x, args, rng, layer_index)` runs one layer; `args` leaves whose leading
-    dimension is the batch's are cut into micro-batches with x, the others are shared.
+    `apply_layer(layer_params, x, args, rng, layer_index)` runs one layer -> (output, aux), aux a tree of
+    scalars (the same tree for every layer; {} for none); `args` leaves whose leading dimension is the batch's
+    are cut into micro-batches with x, the others are shared. -> (output [b, ...], aux with each leaf summed
+    over the layers and averaged over the micro-batches), both on every stage.
     """
     batch = x.shape[0]
     depth = jax.tree.leaves(params)[0].shape[0]
@@ -218,9 +228,11 @@ def pipelined_stack(
     def per_stage(local_params, x_micro, args, rng):
         stage = jax.lax.axis_index(axis)
         local_params = jax.tree.map(lambda p: p.reshape((repeats, per_group) + p.shape[1:]), local_params)
+        group_of = lambda r: jax.tree.map(lambda p: _take(p, r), local_params)  # noqa: E731
+        args_of = lambda m: jax.tree.map(lambda a, cut: _take(a, m) if cut else a, args, batched)  # noqa: E731
 
         def tick(carry, row):
-            received, circulating, outputs = carry
+            received, circulating, outputs, aux = carry
             items, arrived_item = row
             item = items[stage]
             m, r = jnp.maximum(item, 0) % microbatches, jnp.maximum(item, 0) // microbatches
@@ -230,37 +242,42 @@ def pipelined_stack(
                                       arrived_item >= 0)
                 fresh = jnp.where(item < microbatches, fresh, _take(circulating, m))
             inputs = jnp.where(stage == 0, fresh, received)
-            group = jax.tree.map(lambda p: _take(p, r), local_params)
             first_layer = (r * stages + stage) * per_group
-            stage_args = jax.tree.map(lambda a, cut: _take(a, m) if cut else a, args, batched)
-            out = _run_group(apply_layer, group, inputs, stage_args, rng, m, first_layer)
+            out, out_aux = _run_group(apply_layer, group_of(r), inputs, args_of(m), rng, m, first_layer)
+            aux = jax.tree.map(lambda total, a: total + jnp.where(item >= 0, a, 0), aux, out_aux)
             outputs = _set_if(outputs, m, out, (stage == stages - 1) & (item >= microbatches * (repeats - 1)))
             received = jax.lax.ppermute(out, axis, [(s, (s + 1) % stages) for s in range(stages)])
-            return (received, circulating, outputs), None
+            return (received, circulating, outputs, aux), None
 
         varying = lambda a: jax.lax.pcast(a, axis, to="varying")  # noqa: E731  (each stage's own values)
-        carry = (varying(jnp.zeros_like(x_micro[0])), varying(jnp.zeros_like(x_micro)) if repeats > 1 else None,
-                 varying(jnp.zeros_like(x_micro)))
-        (_, _, outputs), _ = jax.lax.scan(tick, carry, (jnp.asarray(table), jnp.asarray(arrived)))
-        return jax.lax.psum(jnp.where(stage == stages - 1, outputs, 0), axis)  # the last stage's, on every stage
+        received = varying(jnp.zeros_like(x_micro[0]))
+        aux_shapes = jax.eval_shape(lambda: _run_group(apply_layer, group_of(0), received, args_of(0), rng, 0, 0))
+        aux = jax.tree.map(lambda s: varying(jnp.zeros(s.shape, s.dtype)), aux_shapes[1])
+        carry = (received, varying(jnp.zeros_like(x_micro)) if repeats > 1 else None,
+                 varying(jnp.zeros_like(x_micro)), aux)
+        (_, _, outputs, aux), _ = jax.lax.scan(tick, carry, (jnp.asarray(table), jnp.asarray(arrived)))
+        outputs = jax.lax.psum(jnp.where(stage == stages - 1, outputs, 0), axis)  # the last stage's, on every stage
+        return outputs, jax.tree.map(lambda a: jax.lax.psum(a, axis) / microbatches, aux)
 
     run = jax.shard_map(
         per_stage, in_specs=(PartitionSpec(axis), PartitionSpec(), PartitionSpec(), PartitionSpec()),
         out_specs=PartitionSpec(), axis_names=frozenset({axis}),
     )
-    return join_microbatches(run(params, split_microbatches(x, microbatches), args, rng))
+    outputs, aux = run(params, split_microbatches(x, microbatches), args, rng)
+    return join_microbatches(outputs), aux
 
 
 def _run_group(apply_layer, group, x, args, rng, microbatch, first_layer):
-    """The stage's K layers (leaves [K, ...]) on one micro-batch, scanned."""
+    """The stage's K layers (leaves [K, ...]) on one micro-batch, scanned -> (output, aux summed over them)."""
     rng = None if rng is None else jax.random.fold_in(rng, microbatch)
 
     def layer(h, indexed):
         index, layer_params = indexed
-        return apply_layer(layer_params, h, args, rng, first_layer + index), None
+        return apply_layer(layer_params, h, args, rng, first_layer + index)
 
     depth = jax.tree.leaves(group)[0].shape[0]
-    return jax.lax.scan(layer, x, (jnp.arange(depth), group))[0]
+    out, aux = jax.lax.scan(layer, x, (jnp.arange(depth), group))
+    return out, jax.tree.map(lambda a: jnp.sum(a, axis=0), aux)
 
 
 def _stage_major(p: Array, stages: int, repeats: int) -> Array:

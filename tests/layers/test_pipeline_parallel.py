@@ -1,8 +1,9 @@
 """Pipeline stages (ptmjax/layers/pipeline.py): the schedule, its bubble, and the pipelined stack's numbers.
 
 A stack of simple layers run as a pipeline on 8 emulated devices (stage=4, data=2) equals the
-same layers applied one after the other, in value and in gradient, for GPipe and the circular
-schedule (with and without the buffer between rounds); the idle (stage, tick) slots of the
+same layers applied one after the other, in value and in gradient (of the parameters, the input and
+the side inputs), with each layer's auxiliary loss summed as the sequence sums it, for GPipe and the
+circular schedule (with and without the buffer between rounds); the idle (stage, tick) slots of the
 schedule are counted against the bubble formula.
 """
 
@@ -38,14 +39,18 @@ def test_bubble_formula_equals_the_idle_slots_of_the_schedule(stages, microbatch
 
 
 def layer(params, h, args, rng, index):
+    """A layer and an auxiliary loss that is a mean over rows, as MoE's are."""
     scale, shift = args
-    return jnp.tanh(h @ params["w"] + params["b"]) * scale + shift[index % 2]
+    out = jnp.tanh(h @ params["w"] + params["b"]) * scale + shift[index % 2]
+    return out, {"mean_square": jnp.mean(out**2) * (index + 1)}
 
 
 def sequential(params, x, args):
+    aux = 0.0
     for i in range(params["w"].shape[0]):
-        x = layer(jax.tree.map(lambda p, i=i: p[i], params), x, args, None, i)
-    return x
+        x, layer_aux = layer(jax.tree.map(lambda p, i=i: p[i], params), x, args, None, i)
+        aux += layer_aux["mean_square"]
+    return x, {"mean_square": aux}
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,15 +70,15 @@ def inputs(depth):
 def test_pipelined_stack_equals_the_layers_in_sequence(microbatches, repeats):
     params, x, args = inputs(STAGES * repeats * 2)
     run = lambda p, x, a: pipeline.pipelined_stack(layer, p, x, a, None, "stage", STAGES, microbatches, repeats)  # noqa: E731
-    loss = lambda f: lambda p, x, a: jnp.sum(f(p, x, a) ** 2)  # noqa: E731
+    loss = lambda f: lambda p, x, a: jnp.sum(f(p, x, a)[0] ** 2) + 10 * f(p, x, a)[1]["mean_square"]  # noqa: E731
     with jax.set_mesh(mesh()):
         on = lambda *spec: NamedSharding(mesh(), PartitionSpec(*spec))  # noqa: E731
         params = jax.device_put(params, on("stage"))
         x = jax.device_put(x, on("data"))
         got = jax.jit(run)(params, x, args)
-        got_grads = jax.jit(jax.grad(loss(run), argnums=(0, 1)))(params, x, args)
-    np.testing.assert_allclose(got, sequential(params, x, args), atol=2e-6)
-    want_grads = jax.grad(loss(sequential), argnums=(0, 1))(params, x, args)
+        got_grads = jax.jit(jax.grad(loss(run), argnums=(0, 1, 2)))(params, x, args)
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-6, atol=2e-6), got, sequential(params, x, args))
+    want_grads = jax.grad(loss(sequential), argnums=(0, 1, 2))(params, x, args)
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-4), got_grads, want_grads)
 
 

@@ -3,10 +3,11 @@
 The same tiny scanned GPT-2 (4 layers) takes three SGD steps on the same batch on one device and on
 8 emulated devices with a stage axis: GPipe on (stage=4, data=2) and on (stage=2, fsdp=2, tensor=2)
 with full remat, and the circular schedule (2 rounds) on (stage=2, data=4) with gradient
-accumulation. Losses, gradient norms, the first step's gradients and the parameters after the steps
-must agree to float32 tolerance. A checkpoint saved with stages restores on a mesh without them and the
-reverse, and goes on training there as the run it left would have. Families and options the pipeline
-does not run are refused by name.
+accumulation; with MoE layers, their auxiliary losses included, GPipe on (stage=2, expert=2, data=2)
+and circular on (stage=2, expert=2, fsdp=2). Losses, gradient norms, the first step's gradients and
+the parameters after the steps must agree to float32 tolerance. A checkpoint saved with stages
+restores on a mesh without them and the reverse, and goes on training there as the run it left would
+have. Families and options the pipeline does not run are refused by name.
 """
 
 import functools
@@ -69,6 +70,17 @@ def max_diff(a, b) -> float:
     return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(x - y))), a, b)))
 
 
+def assert_trains_as_one_device(got, want, metric_names=("loss", "grad_norm")):
+    """Metrics per step (rtol 2e-6), first-step gradients (2e-5) and final parameters (2e-6) of two `train` runs."""
+    (got_params, got_metrics), (want_params, want_metrics) = got, want
+    for got_step, want_step in zip(got_metrics, want_metrics, strict=True):
+        for name in metric_names:
+            np.testing.assert_allclose(got_step[name], want_step[name], rtol=2e-6, err_msg=name)
+    grads = lambda params: jax.tree.map(lambda a, b: (a - b) / LR, params[0], params[1])  # noqa: E731  (SGD)
+    assert max_diff(grads(got_params), grads(want_params)) < 2e-5
+    assert max_diff(got_params[-1], want_params[-1]) < 2e-6
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_config, num_microbatches, fields", [
     (staged(stage=4, data=2), 1, {"pipeline_microbatches": 4}),
@@ -79,14 +91,24 @@ def max_diff(a, b) -> float:
                                   "pipeline_repeats": 2}),
 ], ids=["gpipe-stage4-data2", "gpipe-stage2-fsdp2-tensor2-remat", "circular-M2-accumulated", "circular-M4"])
 def test_pipelined_training_equals_one_device(mesh_config, num_microbatches, fields):
-    want_params, want_metrics = train(SINGLE, single_device=True)
-    got_params, got_metrics = train(mesh_config, False, num_microbatches, **fields)
-    for got, want in zip(got_metrics, want_metrics, strict=True):
-        for name in ("loss", "grad_norm"):
-            np.testing.assert_allclose(got[name], want[name], rtol=2e-6, err_msg=name)
-    grads = lambda params: jax.tree.map(lambda a, b: (a - b) / LR, params[0], params[1])  # noqa: E731  (SGD)
-    assert max_diff(grads(got_params), grads(want_params)) < 2e-5
-    assert max_diff(got_params[-1], want_params[-1]) < 2e-6
+    assert_trains_as_one_device(train(mesh_config, False, num_microbatches, **fields), train(SINGLE, True))
+
+
+MOE = {"num_experts": 4, "moe_top_k": 2, "moe_load_balancing_loss_weight": 0.1, "moe_router_z_loss_weight": 0.01}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_config, num_microbatches, moe, fields", [
+    (staged(stage=2, expert=2, data=2), 1, {"moe_every": 2}, {"pipeline_microbatches": 4}),
+    (staged(stage=2, expert=2, fsdp=2), 2, {"moe_every": 1}, {"pipeline_microbatches": 2,
+                                                              "pipeline_schedule": "circular", "pipeline_repeats": 2}),
+], ids=["gpipe-stage2-expert2-data2", "circular-stage2-expert2-fsdp2-accumulated"])
+def test_pipelined_moe_training_equals_one_device(mesh_config, num_microbatches, moe, fields):
+    """MoE layers' auxiliary losses, summed over stages and averaged over micro-batches, train as one device's."""
+    want = train(SINGLE, True, num_microbatches, **MOE, **moe)
+    assert_trains_as_one_device(train(mesh_config, False, num_microbatches, **MOE, **moe, **fields), want,
+                                ("loss", "grad_norm", "moe_aux_loss"))
+    assert want[1][0]["moe_aux_loss"] > 0.1  # the losses are there: balance is >= 1 per MoE layer, weighted 0.1
 
 
 @pytest.mark.slow
@@ -121,8 +143,10 @@ def test_what_the_pipeline_does_not_run_is_refused_by_name():
         refused(EncoderDecoder(T5Config(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32,
                                         num_encoder_layers=4, num_decoder_layers=4, scan_layers=True,
                                         ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0)))
-    with pytest.raises(ValueError, match="GPT2Config has MoE layers"):
-        refused(GPT2(GPT2Config(**BASE, num_experts=4, moe_every=1)))
+    with pytest.raises(ValueError, match=r"4 layers \(scan steps of moe_every=2 layers\) do not split into 2 stages "
+                                         "x pipeline_repeats=2"):
+        refused(GPT2(GPT2Config(**BASE, num_experts=4, pipeline_schedule="circular", pipeline_repeats=2)),
+                staged(stage=2, data=4))
     with pytest.raises(ValueError, match="set GPT2Config.scan_layers=True"):
         refused(GPT2(GPT2Config(**{**BASE, "scan_layers": False})))
     with pytest.raises(ValueError, match="4 layers do not split into 4 stages x pipeline_repeats=2"):
