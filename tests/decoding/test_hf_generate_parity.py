@@ -1,8 +1,9 @@
 """Greedy and beam-search decoding equal Hugging Face `generate`, tokens and scores, on converted models.
 
-T5 v1.0 and v1.1, BART, mBART (plain, with a language tag as decoder start, and with a forced first
-token) and GPT-2, with random weights whose final norm is scaled so that logits are peaked (the top
-candidates are far apart, so float rounding cannot reorder them) while sequences still vary. Batches
+T5 v1.0 and v1.1, LongT5 (local and transient-global encoder attention), BART, mBART (plain, with a
+language tag as decoder start, and with a forced first token) and GPT-2, with random weights whose final
+norm is scaled so that logits are peaked (the top candidates are far apart, so float rounding cannot
+reorder them) while sequences still vary. Batches
 of 4 rows of different lengths: encoder inputs padded with the model's pad id (HF gets an
 attention_mask); GPT-2 prompts right-padded with decoder_segment_ids for ptmjax and left-padded with
 an attention_mask for HF. EOS is a token that the models emit mid-sequence in some rows, so
@@ -30,10 +31,11 @@ from ptmjax.decoding import DecodeConfig, GenerationIds
 from ptmjax.families.model_api import model_api
 from ptmjax.models import GPT2, EncoderDecoder, GPT2Config, T5Config
 from ptmjax.models.bart import Bart, BartConfig
+from ptmjax.models.longt5 import LongT5, LongT5Config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from ptmjax.convert import hf_bart, hf_gpt2, hf_t5  # noqa: E402
+from ptmjax.convert import hf_bart, hf_gpt2, hf_longt5, hf_t5  # noqa: E402
 
 VOCAB, NEW_TOKENS, BEAMS = 100, 8, 3
 # LLVM optimisation off: each decode compiles in about half the time; the XLA graph (and float32 math) is the same.
@@ -43,6 +45,10 @@ T5_V1_0 = T5Config(
     ffn_activations=("relu",), tie_embeddings=True, dropout_rate=0.0,
 )
 T5_V1_1 = dataclasses.replace(T5_V1_0, ffn_activations=("gelu", "linear"), tie_embeddings=False)
+# LongT5 over inputs of 10 tokens: blocks of 3 (a token sees 2 on each side), one global token per 2 tokens.
+LONGT5_LOCAL = LongT5Config(**{f.name: getattr(T5_V1_1, f.name) for f in dataclasses.fields(T5_V1_1)},
+                            encoder_attention_type="local", local_radius=2, global_block_size=2)
+LONGT5_TGLOBAL = dataclasses.replace(LONGT5_LOCAL, encoder_attention_type="transient-global")
 BART = BartConfig(
     vocab_size=VOCAB, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64, max_length=32,
     dropout_rate=0.0,
@@ -80,6 +86,10 @@ class Case:
 CASES = {
     "t5_v1_0": Case(T5_V1_0, EncoderDecoder, hf_t5, "decoder.final_layer_norm.weight", 0.1, 3.0, 48.0, 51, 0, 0),
     "t5_v1_1": Case(T5_V1_1, EncoderDecoder, hf_t5, "decoder.final_layer_norm.weight", 0.3, 3.0, 8.0, 20, 0, 0),
+    "longt5_local": Case(LONGT5_LOCAL, LongT5, hf_longt5, "decoder.final_layer_norm.weight", 0.3, 3.0, 8.0, 20, 0, 0),
+    "longt5_tglobal": Case(
+        LONGT5_TGLOBAL, LongT5, hf_longt5, "decoder.final_layer_norm.weight", 0.3, 3.0, 8.0, 48, 0, 0
+    ),
     "bart": Case(BART, Bart, hf_bart, "model.decoder.layers.1.final_layer_norm.weight", 0.3, 1.0, 8.0, 20, 1, 2),
     "mbart": Case(MBART, Bart, hf_bart, "model.decoder.layer_norm.weight", 0.3, 1.0, 8.0, 11, 1, 2),
     "gpt2": Case(GPT2_CONFIG, GPT2, hf_gpt2, "transformer.ln_f.weight", 0.3, 1.0, 8.0, 42, 0, None),
@@ -211,7 +221,9 @@ def test_greedy_and_beam_equal_hf_generate(name):
     assert len({tuple(row) for row in beams.reshape(-1, NEW_TOKENS)}) > len(beams)  # beams differ
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# LongT5's rows run with -m slow: its decoder and beam search are T5's, which the default run covers.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if "longt5" in n else n
+                                  for n in sorted(CASES)])
 def test_beam_search_with_hf_length_penalties_equals_hf_generate(name):
     """A model from Hugging Face (its generation ids carry `length_penalty`) ranks finished beams by
     sum(log p) / length ** length_penalty and stops by generate's heuristic: the default 1.0 (beams finish at
