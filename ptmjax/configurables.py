@@ -47,6 +47,7 @@ from ptmjax.training import (  # noqa: F401
     optimizers,
     progressive_layer_drop,
     progressive_stacking,
+    recurrent_memory,
     run,
     schedules,
 )

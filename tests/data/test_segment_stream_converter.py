@@ -41,12 +41,13 @@ def test_a_lane_crosses_into_its_next_document():
 
 def test_corpus_rows_continue_through_the_pipeline():
     rows, length = 4, 16
+    converter = TRANSFORMER_XL.feature_converter  # registers the configurable
     gin.bind_parameter("SegmentStreamFeatureConverter.rows", rows)  # as a run's gin file binds them
     gin.bind_parameter("SegmentStreamFeatureConverter.segment_length", length)
     try:
         dataset = pipeline.get_dataset(
             STDLIB_DOCUMENTS_TASK, "validation", {"targets": 4096}, rows, seed=0, shuffle=True, pack=False,
-            feature_converter=TRANSFORMER_XL.feature_converter,
+            feature_converter=converter,
         )
         got = [batch for _, batch in zip(range(6), dataset.as_numpy_iterator(), strict=False)]
     finally:
