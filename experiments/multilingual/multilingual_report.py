@@ -21,7 +21,10 @@ COLUMNS = {  # summary key -> its column heading
     "retrieval_x_to_en": "retrieval X->en (acc@1, %)",
     "transfer": "zero-shot X accuracy (%)",
     "english": "English accuracy (%)",
+    "bleu": "translation en->X BLEU",
+    "chrf": "translation en->X chrF",
 }
+TRANSLATION_SCORES = {"bleu": "BLEU", "chrf": "chrF"}  # the metric's key -> its name
 
 
 def slug(name: str) -> str:
@@ -30,8 +33,11 @@ def slug(name: str) -> str:
 
 
 def headline(run: dict[str, Any]) -> dict[str, float]:
-    """One run's figures of `COLUMNS`: means over the non-English languages, in percent (the loss as it is)."""
+    """One run's figures of `COLUMNS`: means over the non-English languages, in percent (the loss as it is;
+    BLEU and chrF on their 0-100 scales, means over the translated languages, only for runs that have them:
+    those measured before measure (c) have none)."""
     retrieval = run["retrieval"].values()
+    translated = run.get("translation", {}).values()
     others = [v["accuracy"] for language, v in run["classification"].items() if language != "en"]
     return {
         "pretrain_loss": run["pretrain_loss"],
@@ -39,6 +45,7 @@ def headline(run: dict[str, Any]) -> dict[str, float]:
         "retrieval_x_to_en": 100 * float(np.mean([v["x_to_en"] for v in retrieval])),
         "transfer": 100 * float(np.mean(others)),
         "english": 100 * run["classification"]["en"]["accuracy"],
+        **({key: float(np.mean([v[key] for v in translated])) for key in TRANSLATION_SCORES} if translated else {}),
     }
 
 
@@ -51,20 +58,27 @@ def interval(values: Sequence[float]) -> list[float]:
     return [float(values.mean() - half), float(values.mean() + half)]
 
 
+def over_seeds(values: list[float]) -> dict[str, Any]:
+    """{'mean', 'ci95': its 95% t-interval, 'seeds': the values}."""
+    return {"mean": float(np.mean(values)), "ci95": interval(values), "seeds": values}
+
+
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """{arm: {figure: {mean, ci95, seeds}}, per-language means too} over the runs of each arm, arms in run order."""
     summary = {}
     for arm in dict.fromkeys(run["arm"] for run in runs):
         own = [run for run in runs if run["arm"] == arm]
-        figures = {key: [headline(run)[key] for run in own] for key in COLUMNS}
+        figures = {key: [headline(run)[key] for run in own] for key in headline(own[0])}
         languages = {language: {
             "accuracy": float(np.mean([100 * r["classification"][language]["accuracy"] for r in own])),
             **({"en_to_x": float(np.mean([100 * r["retrieval"][language]["en_to_x"] for r in own])),
                 "x_to_en": float(np.mean([100 * r["retrieval"][language]["x_to_en"] for r in own]))}
                if language in own[0]["retrieval"] else {}),
         } for language in own[0]["classification"]}
-        summary[arm] = {**{key: {"mean": float(np.mean(v)), "ci95": interval(v), "seeds": v}
-                           for key, v in figures.items()}, "languages": languages}
+        translation = {locale: {key: over_seeds([r["translation"][locale][key] for r in own])
+                                for key in TRANSLATION_SCORES} for locale in own[0].get("translation", {})}
+        summary[arm] = {**{key: over_seeds(v) for key, v in figures.items()}, "languages": languages,
+                        "translation": translation}
     return summary
 
 
@@ -73,11 +87,17 @@ def cell(figure: dict[str, Any], fmt: str) -> str:
     return f"{fmt.format(figure['mean'])} [{fmt.format(low)}, {fmt.format(high)}]"
 
 
+def measured_columns(results: dict[str, Any]) -> dict[str, str]:
+    """The `COLUMNS` that the results hold (no translation in results from before measure (c))."""
+    return {key: name for key, name in COLUMNS.items() if key in next(iter(results["summary"].values()))}
+
+
 def main_table(results: dict[str, Any]) -> str:
     """The README's table: every arm's figures, mean [95% interval over seeds]."""
-    lines = ["| pre-training | " + " | ".join(COLUMNS.values()) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    columns = measured_columns(results)
+    lines = ["| pre-training | " + " | ".join(columns.values()) + " |", "|---" * (len(columns) + 1) + "|"]
     for arm, figures in results["summary"].items():
-        cells = [cell(figures[key], "{:.2f}" if key == "pretrain_loss" else "{:.1f}") for key in COLUMNS]
+        cells = [cell(figures[key], "{:.2f}" if key == "pretrain_loss" else "{:.1f}") for key in columns]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -96,11 +116,24 @@ def language_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def translation_table(results: dict[str, Any]) -> str:
+    """Per translated language: BLEU and chrF, mean [95% interval over seeds]."""
+    locales = list(next(iter(results["summary"].values()))["translation"])
+    headings = [f"en->{locale} {name}" for locale in locales for name in TRANSLATION_SCORES.values()]
+    lines = ["| pre-training | " + " | ".join(headings) + " |", "|---" * (len(headings) + 1) + "|"]
+    for arm, figures in results["summary"].items():
+        scores = figures["translation"]
+        cells = [cell(scores[locale][key], "{:.1f}") for locale in locales for key in TRANSLATION_SCORES]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def tables(results: dict[str, Any] | None = None, out_dir: pathlib.Path | None = None) -> dict[str, str]:
     """The README's generated tables, from the committed results.json unless `results` is given."""
     if results is None:
         results = json.loads(((out_dir or pathlib.Path(__file__).parent) / "results.json").read_text())
-    return {"summary": main_table(results)}
+    translated = "bleu" in measured_columns(results)
+    return {"summary": main_table(results), **({"translation": translation_table(results)} if translated else {})}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -118,9 +151,15 @@ def markdown(results: dict[str, Any]) -> str:
         f"held-out pairs per language: {results['retrieval_pairs']}; labelled test messages: "
         f"{results['classification_examples']}; majority-class accuracy: {results['majority']}.", "",
         language_table(results), "",
-        "Seeds (pre-training loss; retrieval en->X; zero-shot accuracy):", "",
+        f"Translation (greedy, {results['translation_pairs']} held-out pairs per language), mean [95% t-interval "
+        "over the seeds]:", "", translation_table(results), "",
+        "First translations of seed " + str(results["runs"][0]["seed"]) + " (reference -> prediction):", "",
+        *[f"- {r['arm']}, en->{locale}: " + "; ".join(f"{reference!r} -> {prediction!r}"
+                                                      for reference, prediction in v["examples"])
+          for r in results["runs"][:len(results["summary"])] for locale, v in r["translation"].items()], "",
+        "Seeds (pre-training loss; retrieval en->X; zero-shot accuracy; BLEU; chrF):", "",
         *[f"- {arm}: " + "; ".join(", ".join(f"{v:.3g}" for v in figures[key]["seeds"])
-                                   for key in ("pretrain_loss", "retrieval_en_to_x", "transfer"))
+                                   for key in ("pretrain_loss", "retrieval_en_to_x", "transfer", "bleu", "chrf"))
           for arm, figures in results["summary"].items()], "",
         "Pre-training and evaluation time per run (s): " + ", ".join(
             f"{r['arm']} seed {r['seed']}: {r['pretrain_s']:.0f} + {r['eval_s']:.0f}" for r in results["runs"]), "",
@@ -128,13 +167,13 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: pathlib.Path) -> None:
-    """Bars with 95% intervals: retrieval both ways and zero-shot accuracy, per arm."""
+    """Bars with 95% intervals: retrieval both ways, zero-shot accuracy and translation scores, per arm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ("retrieval_en_to_x", "retrieval_x_to_en", "transfer", "english")
+    keys = [key for key in measured_columns(results) if key != "pretrain_loss"]
     arms = list(results["summary"])
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / len(arms)
@@ -144,9 +183,10 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
         errors = np.array([[m - figures[k]["ci95"][0], figures[k]["ci95"][1] - m]
                            for k, m in zip(keys, means, strict=True)]).T
         ax.bar(np.arange(len(keys)) + i * width, means, width, yerr=errors, capsize=3, label=arm)
-    ax.set_xticks(np.arange(len(keys)) + width * (len(arms) - 1) / 2, [COLUMNS[k] for k in keys], fontsize=8)
+    labels = [COLUMNS[k].replace(" (", "\n(").replace("translation ", "translation\n") for k in keys]
+    ax.set_xticks(np.arange(len(keys)) + width * (len(arms) - 1) / 2, labels, fontsize=7)
     ax.axhline(100 * results["majority_mean"], color="grey", linestyle=":", label="majority class (classifier)")
-    ax.set_ylabel("%")
+    ax.set_ylabel("% (BLEU, chrF: 0-100)")
     ax.set_title(f"Monolingual vs multilingual pre-training, {results['setting']['name']} setting "
                  f"(mean of {len(results['setting']['seeds'])} seeds, 95% interval)", fontsize=9)
     ax.legend(fontsize=7)
@@ -165,6 +205,7 @@ def write(setting: Any, locales: Sequence[str], runs: list[dict[str, Any]], out_
         "wall_s": wall_s, "load_1min": os.getloadavg()[0], "summary": summarise(runs),
         "retrieval_pairs": {k: v["pairs"] for k, v in first["retrieval"].items()},
         "classification_examples": {k: v["examples"] for k, v in first["classification"].items()},
+        "translation_pairs": {k: v["pairs"] for k, v in first["translation"].items()},
         "majority": majority, "majority_mean": float(np.mean([v for k, v in majority.items() if k != "en"])),
         "runs": runs,
     }

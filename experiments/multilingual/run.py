@@ -1,15 +1,18 @@
 """The multilingual comparison: monolingual (English) vs multilingual masked LM, each with and without XLM's
-translation LM on the gettext message pairs, at equal compute, measured by cross-lingual retrieval of held-out
-pairs and zero-shot transfer of a classifier fine-tuned on English.
+translation LM on the gettext message pairs (both orders), at equal compute, measured by cross-lingual retrieval
+of held-out pairs, zero-shot transfer of a classifier fine-tuned on English, and translation en -> de, fr by an
+encoder-decoder warm-started from the encoder.
 
-Run: python experiments/multilingual/run.py [--setting full]
+Run: python experiments/multilingual/run.py [--setting full] [--seeds 0 1]
 
 Every model is the same tiny BERT with XLM's language embedding (`BertConfig.num_languages`), pre-trained through
 ptmjax's `Trainer` on the tasks of `ptmjax.tasks.multilingual` (`register_multilingual_tasks`) over one shared
 multilingual SentencePiece vocabulary, for the same steps, batch and length: only the rows differ. Then, per
 pre-trained model (`measures.py`): retrieval accuracy at 1 of held-out message pairs (en -> X and X -> en)
 from mean-pooled embeddings, and a linear head on the mean-pooled encoder fine-tuned (all parameters) on English
-messages labelled with their package, scored on the test messages of every language. A run whose result.json is
+messages labelled with their package, scored on the test messages of every language; and, per translated
+language, a BART of the encoder's sizes warm-started from it (`multilingual_translation.py`), fine-tuned on that
+language pair, greedy-decoded and scored with BLEU and chrF. A run whose result.json is
 under runs/multilingual/<setting>/ is reused. Results go next to this script: results[_full].md, .json, .png.
 """
 
@@ -40,6 +43,7 @@ EXPERIMENT_DIR = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(EXPERIMENT_DIR))  # the multilingual_*.py modules beside this script
 import multilingual_measures as measures  # noqa: E402
 import multilingual_report as report  # noqa: E402
+import multilingual_translation as translation  # noqa: E402
 
 REPO_DIR = EXPERIMENT_DIR.parents[1]
 LOCALES = ("de", "fr", "es", "ru", "it", "uk")
@@ -68,16 +72,21 @@ class Setting:
     finetune_steps: int
     per_class: int  # English fine-tuning messages per label
     retrieval_pairs: int  # held-out pairs per language
+    translate_steps: int  # fine-tuning steps of the warm-started encoder-decoder per language pair
+    translate_pairs: int  # held-out pairs translated per language pair
     pretrain_lr: float = 1e-3
     finetune_lr: float = 3e-4
+    translate_lr: float = 1e-3
 
 
 REDUCED = Setting("reduced", vocab_pieces=4000, d_model=64, num_layers=2, length=64, batch_size=32,
-                  pretrain_steps=400, seeds=(0, 1, 2), finetune_steps=100, per_class=150, retrieval_pairs=200)
+                  pretrain_steps=400, seeds=(0, 1, 2), finetune_steps=100, per_class=150, retrieval_pairs=200,
+                  translate_steps=200, translate_pairs=200)
 SMOKE = Setting("smoke", vocab_pieces=1000, d_model=32, num_layers=1, length=32, batch_size=8, pretrain_steps=3,
-                seeds=(0,), finetune_steps=2, per_class=8, retrieval_pairs=20)
+                seeds=(0,), finetune_steps=2, per_class=8, retrieval_pairs=20, translate_steps=2, translate_pairs=8)
 FULL = Setting("full", vocab_pieces=8000, d_model=128, num_layers=4, length=128, batch_size=64,
-               pretrain_steps=10000, seeds=(0, 1, 2, 3, 4), finetune_steps=500, per_class=500, retrieval_pairs=500)
+               pretrain_steps=10000, seeds=(0, 1, 2, 3, 4), finetune_steps=500, per_class=500, retrieval_pairs=500,
+               translate_steps=2000, translate_pairs=500)
 
 
 SETTINGS = {setting.name: setting for setting in (SMOKE, REDUCED, FULL)}
@@ -94,6 +103,8 @@ def register(setting: Setting):
     """The shared vocabulary, and the tasks and mixtures of `ARMS` registered over it."""
     vocabulary = multilingual_vocabulary.multilingual_vocabulary(setting.vocab_pieces, locales=LOCALES)
     multilingual.register_multilingual_tasks(LOCALES, vocabulary=vocabulary)
+    for locale in multilingual.TRANSLATION_LOCALES:
+        multilingual.register_gettext_translation_task(locale, vocabulary=vocabulary)
     registry.register_mixture(MONOLINGUAL_TLM_MIXTURE, [(ARMS["English MLM"], 1.0), (multilingual.TLM_MIXTURE, 1.0)])
     return vocabulary
 
@@ -137,7 +148,11 @@ def evaluate(setting: Setting, model: Bert, params, vocabulary, seed: int) -> di
         texts, labels = measures.classification_test(language, LOCALES)
         transfer[language] = {"accuracy": measures.accuracy(model, tuned, rows(texts), np.asarray(labels),
                                                                  ids[language]), "examples": len(texts)}
-    return {"retrieval": retrieval, "classification": transfer}
+    translated = {locale: translation.translation_scores(
+        model.config, params, vocabulary, locale, ids[locale], measures.held_out_pairs(locale, setting.translate_pairs),
+        length=setting.length, steps=setting.translate_steps, batch_size=setting.batch_size,
+        learning_rate=setting.translate_lr, seed=seed) for locale in multilingual.TRANSLATION_LOCALES}
+    return {"retrieval": retrieval, "classification": transfer, "translation": translated}
 
 
 def run_arm(setting: Setting, vocabulary, arm: str, seed: int, runs_dir: pathlib.Path) -> dict[str, Any]:
@@ -163,8 +178,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--setting", choices=sorted(SETTINGS), default="reduced")
     parser.add_argument("--runs_dir", default=None, help="default: runs/multilingual/<setting>")
     parser.add_argument("--out_dir", default=str(EXPERIMENT_DIR), help="where results*.md/json/png go")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the setting's")
     args = parser.parse_args(argv)
     setting = SETTINGS[args.setting]
+    if args.seeds:
+        setting = dataclasses.replace(setting, seeds=tuple(args.seeds))
     runs_dir = pathlib.Path(args.runs_dir or REPO_DIR / "runs" / "multilingual" / setting.name)
     start = time.perf_counter()
     vocabulary = register(setting)

@@ -1,5 +1,6 @@
 """experiments/multilingual/run.py: the committed results hold every arm at three seeds with figures in range, and
-the smoke setting pre-trains, retrieves and fine-tunes every arm end to end on this machine's catalogs."""
+the smoke setting pre-trains, retrieves, fine-tunes and translates (warm-started encoder-decoder, BLEU and chrF)
+every arm end to end on this machine's catalogs."""
 
 import json
 import pathlib
@@ -20,7 +21,7 @@ def test_the_committed_results_hold_every_arm_at_three_seeds():
             assert len(figures[key]["seeds"]) == 3 and low <= figures[key]["mean"] <= high
 
 
-@pytest.mark.slow  # trains a vocabulary, 4 tiny pre-trainings of 3 steps and their evaluations: 5-10 minutes
+@pytest.mark.slow  # a vocabulary, 4 tiny pre-trainings of 3 steps, their evaluations and 8 translation fine-tunings
 @pytest.mark.timeout(1800)
 def test_the_smoke_setting_runs_every_arm(tmp_path, monkeypatch):
     run = script_module("experiments/multilingual/run.py", monkeypatch)
@@ -33,4 +34,6 @@ def test_the_smoke_setting_runs_every_arm(tmp_path, monkeypatch):
         assert set(result["retrieval"]) == set(run.LOCALES)
         assert set(result["classification"]) == {"en", *run.LOCALES}
         assert all(0 <= v["en_to_x"] <= 1 and v["pairs"] == 20 for v in result["retrieval"].values())
+        assert set(result["translation"]) == {"de", "fr"}
+        assert all(0 <= v["chrf"] <= 100 and v["pairs"] == 8 for v in result["translation"].values())
     assert (tmp_path / "multilingual_smoke.png").stat().st_size > 0
