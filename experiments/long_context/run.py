@@ -58,7 +58,7 @@ TXL_AVAILABLE = importlib.util.find_spec("ptmjax.training.recurrent_memory") is 
 class Arm:
     label: str
     kind: str  # LM or SUMMARY
-    model_gin: str | None  # None: the bindings build the model (Transformer-XL)
+    model_gin: str
     bindings: tuple[str, ...]
     length: int  # LM: the row (a Transformer-XL segment); summary: the inputs
     memory: int = 0  # Transformer-XL's memory length
@@ -80,10 +80,8 @@ def _window(size: int) -> tuple[str, ...]:
 GLOBAL_EVERY = 128
 TXL_BINDINGS = (
     "train.model = @TransformerXL()", "TransformerXL.config = @TransformerXLConfig()",
-    "TransformerXLConfig.vocab_size = 2176", "TransformerXLConfig.d_model = 64", "TransformerXLConfig.num_heads = 4",
-    "TransformerXLConfig.num_layers = 2", "TransformerXLConfig.d_ff = 256", "TransformerXLConfig.memory_length = 512",
-    "TransformerXLConfig.dropout_rate = 0.0", "TransformerXLConfig.attention_dropout_rate = 0.0",
-    "train.pack = False", "train.objective = @RecurrentMemory()", f"RecurrentMemory.rows = {BATCH_TOKENS // 512}",
+    "TransformerXLConfig.memory_length = 512", "train.pack = False", "train.objective = @RecurrentMemory()",
+    f"RecurrentMemory.rows = {BATCH_TOKENS // 512}",
     f"SegmentStreamFeatureConverter.rows = {BATCH_TOKENS // 512}", "SegmentStreamFeatureConverter.segment_length = 512",
 )
 ARMS = {
@@ -94,7 +92,8 @@ ARMS = {
         f"window 128 + global every {GLOBAL_EVERY}, 2048", LM, "models/gpt2_tiny.gin",
         _gpt2(ROW, "GPT2Config.attention_pattern = @AnyOf()", "AnyOf.patterns = [@SlidingWindow(), @GlobalTokens()]",
               "SlidingWindow.size = 128", f"GlobalTokens.positions = {list(range(0, ROW, GLOBAL_EVERY))}"), ROW),
-    "txl_512": Arm("Transformer-XL, segments 512, memory 512", LM, None, TXL_BINDINGS, 512, memory=512),
+    "txl_512": Arm("Transformer-XL, segments 512, memory 512", LM, "models/txl_tiny.gin", TXL_BINDINGS, 512,
+                   memory=512),
     "t5_512": Arm("T5, full attention, inputs 512", SUMMARY, "models/t5_1_1_tiny.gin", (), 512),
     "longt5_tglobal_2048": Arm("LongT5 transient-global, inputs 2048", SUMMARY, "models/longt5_tiny.gin",
                                ("train.model = @LongT5()", "LongT5.config = @LongT5Config()"), ROW),
@@ -115,10 +114,14 @@ class Setting:
     eval_rows: int | None = None  # validation rows of ROW tokens scored by position (None: every full row)
 
 
-_LM_ARMS = ("full_512", "window_128", "window_256", "global_local", *(("txl_512",) if TXL_AVAILABLE else ()))
+_TXL = ("txl_512",) if TXL_AVAILABLE else ()
+_LM_ARMS = ("full_512", "window_128", "window_256", "global_local", *_TXL)
 SETTINGS = {
-    "reduced": Setting("reduced", lm_steps=150, summary_steps=150, seeds=(0, 1, 2),
-                       arms=(*_LM_ARMS, "t5_512", "longt5_tglobal_2048"), eval_rows=48),
+    # In the order that gives a shared machine's partial run the most: the references, one window, the summary
+    # pair, then the other LM arms.
+    "reduced": Setting("reduced", lm_steps=100, summary_steps=150, seeds=(0, 1, 2), eval_rows=32,
+                       arms=("full_512", "window_128", "t5_512", "longt5_tglobal_2048", *_TXL, "global_local",
+                             "window_256")),
     "full": Setting("full", lm_steps=1500, summary_steps=1000, seeds=(0, 1, 2, 3, 4),
                     arms=(*_LM_ARMS, "t5_512", "longt5_tglobal_2048", "longt5_local_2048")),
     "smoke": Setting("smoke", lm_steps=3, summary_steps=3, seeds=(0,),
@@ -129,7 +132,7 @@ SETTINGS = {
 def parse(arm: Arm, extra: Sequence[str] = ()) -> None:
     """Clears gin and parses the arm's model file, its kind's run file and bindings, then `extra`."""
     gin.clear_config()
-    files = [*([arm.model_gin] if arm.model_gin else []), str(EXPERIMENT_DIR / f"{arm.kind}.gin")]
+    files = [arm.model_gin, str(EXPERIMENT_DIR / f"{arm.kind}.gin")]
     parse_gin(files, [*arm.bindings, f"train.batch_size = {arm.batch_size}",
                       f"train.task_feature_lengths = {feature_lengths(arm)!r}", *extra])
 
@@ -204,7 +207,7 @@ def validation_rows(limit: int | None) -> np.ndarray:
 
 
 def position_nll(arm: Arm, model: Any, params: Any, rows: np.ndarray, batch: int = 4) -> np.ndarray:
-    """float64 [ROW]: each position's negative log-likelihood summed over `rows`, every row read from its start
+    """float64 [rows, ROW]: each position's negative log-likelihood in each row, every row read from its start
     (no earlier context): a GPT-2 reads it in rows of its length, each from BOS (id 0); Transformer-XL in
     segments of its length after an empty memory, each segment's memory the one the segment before left."""
     def nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -212,7 +215,7 @@ def position_nll(arm: Arm, model: Any, params: Any, rows: np.ndarray, batch: int
         return -np.take_along_axis(np.asarray(log_probs), np.asarray(targets)[..., None], -1)[..., 0]
 
     inputs = np.concatenate([np.zeros_like(rows[:, :1]), rows[:, :-1]], axis=1)
-    total = np.zeros(ROW)
+    total = np.zeros(rows.shape)
     if arm.memory:
         from ptmjax.models.transformer_xl import empty_memory
 
@@ -221,7 +224,7 @@ def position_nll(arm: Arm, model: Any, params: Any, rows: np.ndarray, batch: int
             memory = empty_memory(model.config, len(rows[start:start + batch]))
             for s in range(0, ROW, arm.length):
                 logits, memory = step(params, inputs[start:start + batch, s:s + arm.length], memory)
-                total[s:s + arm.length] += nll(logits, rows[start:start + batch, s:s + arm.length]).sum(0)
+                total[start:start + batch, s:s + arm.length] = nll(logits, rows[start:start + batch, s:s + arm.length])
         return total
     forward = jax.jit(lambda p, x: model.apply({"params": p}, x))
     segments, targets = rows.reshape(-1, arm.length), rows.reshape(-1, arm.length)
@@ -229,7 +232,7 @@ def position_nll(arm: Arm, model: Any, params: Any, rows: np.ndarray, batch: int
     per_segment = np.concatenate([nll(forward(params, inputs[i:i + batch * ROW // arm.length]),
                                       targets[i:i + batch * ROW // arm.length])
                                   for i in range(0, len(segments), batch * ROW // arm.length)])
-    return per_segment.reshape(len(rows), ROW).sum(0)
+    return per_segment.reshape(len(rows), ROW)
 
 
 def peak_rss_reset() -> bool:
@@ -297,7 +300,10 @@ def train_one(setting: Setting, slug: str, seed: int) -> dict[str, Any]:
     }
     if arm.kind == LM:
         rows = validation_rows(setting.eval_rows)
-        result["position_nll_sum"] = position_nll(arm, model, final.params, rows).tolist()
+        nll = position_nll(arm, model, final.params, rows)
+        result["position_nll_sum"] = nll.sum(0).tolist()
+        result["row_bucket_nll_sum"] = [[float(row[max(b, 1):b + BUCKET].sum()) for b in range(0, ROW, BUCKET)]
+                                        for row in nll]  # position 0 left out, as in `bucket_perplexities`
         result["eval_rows"] = len(rows)
     path.write_text(json.dumps(result, indent=1))
     return result
@@ -318,6 +324,22 @@ def bucket_perplexities(run: dict[str, Any]) -> list[float]:
     nll[0] = np.nan
     buckets = [nll[b:b + BUCKET] for b in range(0, ROW, BUCKET)] + [nll]
     return [float(np.exp(np.nanmean(b) / rows)) for b in buckets]
+
+
+def row_differences(runs: list[dict[str, Any]], reference: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per bucket, then over all: the NLL per token minus the reference arm's on the same validation row (the mean
+    over the paired seeds), with a 95% t-interval over the rows: the evaluation data's uncertainty, which one seed
+    also has (the seeds' is in `perplexity_vs_reference`)."""
+    tokens = np.array([BUCKET - 1] + [BUCKET] * (ROW // BUCKET - 1), np.float64)
+
+    def per_token(run: dict[str, Any]) -> np.ndarray:
+        sums = np.asarray(run["row_bucket_nll_sum"], np.float64)
+        return np.concatenate([sums / tokens, sums.sum(1, keepdims=True) / tokens.sum()], axis=1)
+
+    if not runs or any("row_bucket_nll_sum" not in r for r in [*runs, *reference]):
+        return []
+    diff = np.mean([per_token(r) - per_token(p) for r, p in zip(runs, reference, strict=True)], axis=0)
+    return [{"mean": float(column.mean()), "ci95": interval(column), "rows": int(column.size)} for column in diff.T]
 
 
 def summarise(runs: list[dict[str, Any]], reference: list[dict[str, Any]]) -> dict[str, Any]:
@@ -341,6 +363,7 @@ def summarise(runs: list[dict[str, Any]], reference: list[dict[str, Any]]) -> di
         diff = np.array([bucket_perplexities(r) for r in mine]) - np.array([bucket_perplexities(p) for p in paired])
         row["perplexity"] = [figure(column) for column in ppl.T]
         row["perplexity_vs_reference"] = [figure(column) for column in diff.T]
+        row["nll_vs_reference_by_row"] = row_differences(mine, paired)
     else:
         row["eval_loss"] = figure([r["eval_metrics"]["eval_loss"] for r in runs])
         row["eval_loss_vs_reference"] = figure([r["eval_metrics"]["eval_loss"] - p["eval_metrics"]["eval_loss"]
@@ -396,14 +419,17 @@ def lm_table(results: dict[str, Any]) -> str:
     """Perplexity by position bucket, speed and memory of each LM arm."""
     buckets = [f"{b}-{b + BUCKET - 1}" for b in range(0, ROW, BUCKET)]
     lines = ["| arm | steps (GFLOPs/step) | " + " | ".join(f"ppl {b}" for b in buckets) + " | ppl all "
-             "| vs full 512, all | tokens/s (vs full 512) | XLA step memory, MiB | peak RSS, MiB |",
+             "| vs full 512, nats/token: first / last bucket / all [95% CI over rows] | tokens/s (vs full 512) "
+             "| XLA step memory, MiB | peak RSS, MiB |",
              "|---" * (len(buckets) + 7) + "|"]
     for slug, row in results["rows"].items():
         if row["kind"] != LM:
             continue
         ppl = [_cell(f) for f in row["perplexity"]]
         reference = slug == REFERENCE[LM]
-        versus = "-" if reference else _cell(row["perplexity_vs_reference"][-1], signed=True)
+        by_row = row.get("nll_vs_reference_by_row") or []
+        versus = "-" if reference or not by_row else " / ".join(
+            _cell(by_row[i], 3, signed=True) for i in (0, len(by_row) - 2, len(by_row) - 1))
         speed = f"{row['tokens_per_s']['mean']:,.0f}" + ("" if reference else
                                                          f" ({_cell(row['tokens_per_s_vs_reference'])}x)")
         compiled = row["compiled"] or {}
