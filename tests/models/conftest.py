@@ -199,6 +199,53 @@ def compare_with_hf_encoder(
     return diffs
 
 
+def perturbed_t5_hf_model(build: Callable[[], object], relative_bias_std: float | None = None) -> object:
+    """`build()` (a transformers T5 or LongT5) under torch seed 0, in eval mode, its layer norms perturbed by
+    N(0, 0.2^2) (HF initialises them to 1, which would hide a wrong mapping) and, with `relative_bias_std`, its
+    relative attention biases redrawn from N(0, relative_bias_std^2)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = build().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "layer_norm" in name:
+                param.add_(0.2 * torch.randn_like(param))
+            if relative_bias_std is not None and "relative_attention_bias" in name:
+                param.normal_(0.0, relative_bias_std)
+    return model
+
+
+def t5_padded_batch(
+    vocab_size: int, encoder_lengths: tuple[int, ...], decoder_lengths: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random ids in [1, vocab_size): encoder rows padded (0) from `encoder_lengths`, decoder inputs starting
+    with 0, and which decoder positions are valid (up to `decoder_lengths`)."""
+    rng = np.random.default_rng(0)
+    enc = rng.integers(1, vocab_size, (len(encoder_lengths), max(encoder_lengths)))
+    enc = np.where(np.arange(enc.shape[1]) < np.array(encoder_lengths)[:, None], enc, 0)
+    dec = rng.integers(1, vocab_size, (len(decoder_lengths), max(decoder_lengths)))
+    dec[:, 0] = 0  # T5 decoder inputs start with id 0
+    dec_valid = (np.arange(dec.shape[1]) < np.array(decoder_lengths)[:, None]).astype(np.int64)
+    return enc, dec, dec_valid
+
+
+def t5_logit_diff(module: nn.Module, params: dict, hf_model: object, batch: tuple[np.ndarray, ...]) -> float:
+    """Max |logit difference| of `module` and `hf_model` (a transformers T5 or LongT5) at the valid decoder
+    positions of `batch` (`t5_padded_batch`'s)."""
+    torch = pytest.importorskip("torch")
+    enc, dec, dec_valid = batch
+    with torch.no_grad():
+        ref = hf_model(
+            input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc > 0, dtype=torch.long),
+            decoder_input_ids=torch.tensor(dec), decoder_attention_mask=torch.tensor(dec_valid),
+        ).logits.numpy()
+    ours = np.asarray(jax.jit(module.apply)(params, jnp.asarray(enc), jnp.asarray(dec)))
+    assert ours.dtype == np.float32 and ours.shape == ref.shape
+    diff = float(np.abs(ours - ref)[dec_valid.astype(bool)].max())
+    print(f"max |logit diff| = {diff:.2e} (max |logit| {np.abs(ref).max():.1f})")
+    return diff
+
+
 def mlm_outputs(pair_head: bool, hf_pair_logits: str) -> Callable[[object, object], dict]:
     """`outputs` for `compare_with_hf_encoder` on an MLM model: its MLM logits and, with the head, the
     sentence-pair logits (HF output field `hf_pair_logits`)."""

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_same_state_dict
+from conftest import assert_same_state_dict, perturbed_t5_hf_model, t5_logit_diff, t5_padded_batch
 
 from ptmjax.convert.hf_t5 import build_hf_model, from_hf_config, hf_to_params, params_to_hf, to_hf_config
 from ptmjax.layers.relative_position import relative_position_bucket
@@ -39,26 +39,12 @@ CONFIGS = {
 
 
 def random_hf_model(config: T5Config):
-    torch.manual_seed(0)
-    model = build_hf_model(config).eval()
-    with torch.no_grad():  # HF inits norms to 1; perturb so a wrong norm mapping shows up
-        for name, param in model.named_parameters():
-            if "layer_norm" in name:
-                param.add_(0.2 * torch.randn_like(param))
-    return model
+    return perturbed_t5_hf_model(lambda: build_hf_model(config))
 
 
 def padded_batch(config: T5Config):
-    rng = np.random.default_rng(0)
-    enc = rng.integers(1, config.vocab_size, (3, 40))
-    enc[1, 30:] = 0
-    enc[2, 7:] = 0
-    dec = rng.integers(1, config.vocab_size, (3, 12))
-    dec[:, 0] = 0  # T5 decoder inputs start with id 0
-    dec_valid = np.ones_like(dec)
-    dec_valid[1, 9:] = 0
-    dec_valid[2, 4:] = 0
-    return enc, dec, dec_valid
+    """Encoder rows of 40, 30 and 7 tokens; decoder rows of 12, 9 and 4."""
+    return t5_padded_batch(config.vocab_size, (40, 30, 7), (12, 9, 4))
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -67,19 +53,7 @@ def test_logits_match_transformers(name):
     model = random_hf_model(config)
     assert from_hf_config(model.config) == config
     params = hf_to_params(model.state_dict(), config)
-    enc, dec, dec_valid = padded_batch(config)
-    with torch.no_grad():
-        ref = model(
-            input_ids=torch.tensor(enc),
-            attention_mask=torch.tensor(enc > 0, dtype=torch.long),
-            decoder_input_ids=torch.tensor(dec),
-            decoder_attention_mask=torch.tensor(dec_valid),
-        ).logits.numpy()
-    ours = np.asarray(jax.jit(EncoderDecoder(config).apply)(params, jnp.asarray(enc), jnp.asarray(dec)))
-    assert ours.dtype == np.float32 and ours.shape == ref.shape
-    diff = np.abs(ours - ref)[dec_valid.astype(bool)].max()
-    print(f"{name}: max |logit diff| = {diff:.2e} (max |logit| {np.abs(ref).max():.1f})")
-    assert diff < 1e-4
+    assert t5_logit_diff(EncoderDecoder(config), params, model, padded_batch(config)) < 1e-4
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -171,22 +145,8 @@ def test_a_transformers_5_untied_t5_saved_as_tied_and_unscaled_imports_exactly(t
     model, params = hf.load(str(tmp_path / "hf"))
     assert model.config == CONFIGS["v1_1_gated_gelu_untied"]
     np.testing.assert_array_equal(params["decoder"]["logits_dense"]["kernel"], params["token_embedder"]["embedding"].T)
-    enc, dec, dec_valid = padded_batch(model.config)
-    with torch.no_grad():
-        ref = reference(
-            input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc > 0, dtype=torch.long),
-            decoder_input_ids=torch.tensor(dec), decoder_attention_mask=torch.tensor(dec_valid),
-        ).logits.numpy()
-    ours = np.asarray(jax.jit(model.apply)({"params": params}, jnp.asarray(enc), jnp.asarray(dec)))
-    diff = np.abs(ours - ref)[dec_valid.astype(bool)].max()
-    print(f"transformers-5 tied, unscaled T5: max |logit diff| = {diff:.2e}")
-    assert diff < 1e-4
+    assert t5_logit_diff(model, {"params": params}, reference, padded_batch(model.config)) < 1e-4
     assert cli.main(["convert", "--from-hf", str(tmp_path / "hf"), "--to", str(tmp_path / "imported")]) == 0
     hf.save(model, params, str(tmp_path / "exported"))  # and back: HF gets its own lm_head, equal logits
     exported = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "exported").eval()
-    with torch.no_grad():
-        again = exported(
-            input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc > 0, dtype=torch.long),
-            decoder_input_ids=torch.tensor(dec), decoder_attention_mask=torch.tensor(dec_valid),
-        ).logits.numpy()
-    assert np.abs(again - ref)[dec_valid.astype(bool)].max() < 1e-4
+    assert t5_logit_diff(model, {"params": params}, exported, padded_batch(model.config)) < 1e-4

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_same_state_dict
+from conftest import assert_same_state_dict, perturbed_t5_hf_model, t5_logit_diff, t5_padded_batch
 
 from ptmjax.convert.hf_longt5 import build_hf_model, from_hf_config, hf_to_params, params_to_hf, to_hf_config
 from ptmjax.layers.transient_global import global_block_ids
@@ -38,51 +38,20 @@ CONFIGS = {
 
 
 def random_hf_model(config: LongT5Config):
-    torch.manual_seed(0)
-    model = build_hf_model(config).eval()
-    with torch.no_grad():  # HF inits norms to 1 and biases small; perturb so a wrong mapping shows up
-        for name, param in model.named_parameters():
-            if "layer_norm" in name:
-                param.add_(0.2 * torch.randn_like(param))
-            if "relative_attention_bias" in name:
-                param.normal_(0.0, 1.0)
-    return model
-
-
-def padded_batch(config: LongT5Config):
-    """Encoder rows of 23 tokens (not a multiple of block 5 nor of 3 or 4), padded at 17 and 2; decoder rows."""
-    rng = np.random.default_rng(0)
-    enc = rng.integers(1, config.vocab_size, (3, 23))
-    enc[1, 17:] = 0
-    enc[2, 2:] = 0
-    dec = rng.integers(1, config.vocab_size, (3, 7))
-    dec[:, 0] = 0
-    dec_valid = np.ones_like(dec)
-    dec_valid[1, 5:] = 0
-    return enc, dec, dec_valid
-
-
-def hf_logits(model, enc, dec, dec_valid) -> np.ndarray:
-    with torch.no_grad():
-        return model(
-            input_ids=torch.tensor(enc), attention_mask=torch.tensor(enc > 0, dtype=torch.long),
-            decoder_input_ids=torch.tensor(dec), decoder_attention_mask=torch.tensor(dec_valid),
-        ).logits.numpy()
+    """Relative biases redrawn from N(0, 1): HF's are small, which would hide a wrong mapping."""
+    return perturbed_t5_hf_model(lambda: build_hf_model(config), relative_bias_std=1.0)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_logits_match_transformers(name):
+    """Encoder rows of 23 tokens (not a multiple of block 5 nor of 3 or 4), padded at 17 and 2; decoder rows of
+    7, 5 and 7."""
     config = CONFIGS[name]
     model = random_hf_model(config)
     assert from_hf_config(model.config) == config
     params = hf_to_params(model.state_dict(), config)
-    enc, dec, dec_valid = padded_batch(config)
-    ref = hf_logits(model, enc, dec, dec_valid)
-    ours = np.asarray(jax.jit(LongT5(config).apply)(params, jnp.asarray(enc), jnp.asarray(dec)))
-    assert ours.shape == ref.shape
-    diff = np.abs(ours - ref)[dec_valid.astype(bool)].max()
-    print(f"{name}: max |logit diff| = {diff:.2e} (max |logit| {np.abs(ref).max():.1f})")
-    assert diff < 1e-4
+    assert t5_logit_diff(LongT5(config), params, model, t5_padded_batch(config.vocab_size, (23, 17, 2),
+                                                                         (7, 5, 7))) < 1e-4
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
