@@ -7,6 +7,18 @@ each device on that axis holds L / S of the L layers and `apply_layers` runs
 the stack as a pipeline. The parameter tree is the scanned one, so checkpoints
 need no conversion between meshes with and without stages.
 
+Families: GPT-2 (dense or MoE), T5 (with LongT5) and BART (`PipelineStages`
+configs). An encoder-decoder runs each stack as its own pipeline over all S
+stages, one after the other: the encoder's output leaves its pipeline on every
+stage (the last stage's result, summed over the stage axis) and enters each
+decoder stage as a side input cut into the decoder's micro-batches, as the
+masks are. Megatron-LM instead gives each stage either encoder or decoder
+layers and sends the encoder's output down the decoder stages with the hidden
+states; here every stage holds 1/S of each stack, so the stages stay balanced
+whatever the two depths, each stack fills and drains its own pipeline (the
+same bubble fraction, twice), and the encoder's output costs one sum of
+[b, s, embed] over the stage axis.
+
 Schedule (the model config's `pipeline_microbatches` M, `pipeline_schedule`,
 `pipeline_repeats` R): the batch is cut into M micro-batches (interleaved, so
 each data-parallel device keeps its own rows). At each tick every stage runs
@@ -43,6 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
+
+from ptmjax.layers.sequence_sharding import context_axis
 
 Array = jax.Array
 SCHEDULES = ("gpipe", "circular")
@@ -133,10 +147,14 @@ def stage_layout(config: Any, depth: int, skips_layers: bool) -> tuple[str, int]
     owner, stages = type(config).__name__, layout[1]
     if not isinstance(config, PipelineStages):
         raise ValueError(
-            f"pipeline stages run GPT-2 (GPT2Config) stacks only, not {owner}'s; map the logical axis 'layers' to "
-            "no mesh axis (drop MeshConfig.rules = @pipeline_rules() and the stage axis)")
+            f"pipeline stages run GPT-2, T5 and BART (GPT2Config, T5Config, BartConfig) stacks only, not "
+            f"{owner}'s; map the logical axis 'layers' to no mesh axis (drop MeshConfig.rules = @pipeline_rules() "
+            "and the stage axis)")
     if not config.scan_layers:
         raise ValueError(f"pipeline stages split a scanned stack; set {owner}.scan_layers=True")
+    if context_axis() is not None:  # a context-parallel mask's shared leaves could be cut as per-row ones
+        raise ValueError(f"{owner}: pipeline stages do not run with a context axis ({context_axis()!r}) yet; drop "
+                         "the context axis or the stage axis")
     if skips_layers:
         raise ValueError(f"{owner}: LayerDrop and layer schedules do not run with pipeline stages; set layerdrop=0 "
                          "and drop the layer schedule")

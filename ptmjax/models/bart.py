@@ -47,6 +47,7 @@ from ptmjax.layers.embed import EMBED_INIT_STDDEV, Embed
 from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
+from ptmjax.layers.pipeline import PipelineStages
 from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
 from ptmjax.models.config import ModelConfig, check_activation, check_heads_divide, check_positive_ints
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
@@ -58,7 +59,7 @@ POSITION_OFFSET = 2  # Hugging Face reads position p at row p + 2 of the table
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class BartConfig(ModelConfig):
+class BartConfig(ModelConfig, PipelineStages):
     """Hyper-parameters of a BART or mBART encoder-decoder.
 
     head_dim = d_model // num_heads (both stacks share num_heads and d_ff).
@@ -75,6 +76,8 @@ class BartConfig(ModelConfig):
     Keyword-only, as in every family (ptmjax/models/config.py): dropout_rate,
     layer_norm_epsilon, dtype, param_dtype, and remat_policy and scan_layers
     (what the backward pass recomputes of each layer, and one scan over each stack).
+    Pipeline stages (pipeline_microbatches, pipeline_schedule, pipeline_repeats; ptmjax/layers/pipeline.py's
+    PipelineStages) run both stacks as pipelines on a mesh with a stage axis, as GPT2Config's.
     """
 
     vocab_size: int
@@ -100,6 +103,7 @@ class BartConfig(ModelConfig):
         check_heads_divide(self)
         check_activation(self)
         self.check_model_config("attention_dropout_rate", "activation_dropout_rate")
+        self.check_pipeline_fields()
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(
                 f"BartConfig.pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size}); "

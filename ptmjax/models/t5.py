@@ -30,6 +30,7 @@ from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock, check_activations
 from ptmjax.layers.moe import MoeConfig
 from ptmjax.layers.norms import RMSNorm
+from ptmjax.layers.pipeline import PipelineStages
 from ptmjax.layers.relative_position import PositionBias, RelativePositionBias
 from ptmjax.models.config import ModelConfig, check_positive_ints
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
@@ -39,7 +40,7 @@ Array = jax.Array
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class T5Config(MoeConfig, ModelConfig):
+class T5Config(MoeConfig, ModelConfig, PipelineStages):
     """Hyper-parameters of a T5 encoder-decoder.
 
     ffn_activations: ('relu',) for T5 v1.0, ('gelu', 'linear') for v1.1 gated GELU.
@@ -50,6 +51,8 @@ class T5Config(MoeConfig, ModelConfig):
     Mixture-of-Experts (num_experts, moe_every, moe_top_k, capacity factors, aux loss
     weights, jitter; ptmjax/layers/moe.py's MoeConfig) are keyword-only options shared
     with GPT2Config.
+    Pipeline stages (pipeline_microbatches, pipeline_schedule, pipeline_repeats; ptmjax/layers/pipeline.py's
+    PipelineStages) run both stacks as pipelines on a mesh with a stage axis, as GPT2Config's.
     hf_model_type: 'mt5' for mT5 (T5 v1.1 over a 250k-piece multilingual vocabulary), which
       Hugging Face exports as MT5ForConditionalGeneration; None: T5. It changes nothing computed.
     """
@@ -86,6 +89,7 @@ class T5Config(MoeConfig, ModelConfig):
             )
         check_activations(self.ffn_activations)
         self.check_model_config()
+        self.check_pipeline_fields()
 
     def layer_stacks(self) -> dict[tuple[str, ...], int]:
         return {("encoder",): self.num_encoder_layers, ("decoder",): self.num_decoder_layers}
