@@ -231,9 +231,10 @@ def _layout(spec, mesh_shape: dict[str, int]) -> dict:
     if getattr(config, "attention_kernel", None) == "splash":  # GPT-2: causal self-attention over the targets
         length = -(-spec.task_feature_lengths["targets"] // splash_attention.BLOCK) * splash_attention.BLOCK
         live = splash_attention.live_blocks(config.attention_pattern, True, length, length)
-        blocks = len(live)
+        blocks, block = len(live), splash_attention.BLOCK
+        per_block = 4 * block * block * config.head_dim * config.num_heads * config.num_layers * spec.batch_size
         record["splash_blocks"] = {"computed": int(live.sum()), "causal": blocks * (blocks + 1) // 2,
-                                   "all": blocks * blocks}
+                                   "all": blocks * blocks, "forward_flops": int(live.sum()) * per_block}
     return record
 
 
@@ -276,11 +277,13 @@ def _extra(table: str, r: dict) -> list[str]:
         return ["-" if p is None else f"{p['stages']} x {p['microbatches']}: {p['bubble']:.1%}"]
     if table == "sparse":
         b = r.get("splash_blocks")
-        return ["-" if b is None else f"{b['computed']} / {b['causal']} ({b['computed'] / b['causal']:.3f})"]
+        return ["-", "-"] if b is None else [f"{b['computed']} / {b['causal']} ({b['computed'] / b['causal']:.3f})",
+                                             f"{b['forward_flops']:.3e}"]
     return []
 
 
-EXTRA_HEADS = {"pipeline": ["stages x micro-batches: bubble"], "sparse": ["blocks computed / causal blocks"]}
+EXTRA_HEADS = {"pipeline": ["stages x micro-batches: bubble"],
+               "sparse": ["blocks computed / causal blocks", "attention FLOPs of those blocks (forward)"]}
 
 
 def _scale_markdown(results: dict[str, dict], table: str) -> str:
