@@ -42,6 +42,7 @@ from ptmjax.layers.attention_mask import (
     encoder_attention_mask,
     mask_to_bias,
 )
+from ptmjax.layers.attention_patterns import AttentionPattern
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
 from ptmjax.layers.embed import EMBED_INIT_STDDEV, Embed
 from ptmjax.layers.layer_stack import apply_layers
@@ -49,7 +50,13 @@ from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.pipeline import PipelineStages
 from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
-from ptmjax.models.config import ModelConfig, check_activation, check_heads_divide, check_positive_ints
+from ptmjax.models.config import (
+    ModelConfig,
+    check_activation,
+    check_attention_pattern,
+    check_heads_divide,
+    check_positive_ints,
+)
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 
 Array = jax.Array
@@ -78,6 +85,9 @@ class BartConfig(ModelConfig, PipelineStages):
     (what the backward pass recomputes of each layer, and one scan over each stack).
     Pipeline stages (pipeline_microbatches, pipeline_schedule, pipeline_repeats; ptmjax/layers/pipeline.py's
     PipelineStages) run both stacks as pipelines on a mesh with a stage axis, as GPT2Config's.
+    attention_pattern: a sparse attention pattern (ptmjax/layers/attention_patterns.py) of the encoder's
+      self-attention, ANDed with its padding and packing masks over each row's indices; the decoder attends
+      densely. None: dense.
     """
 
     vocab_size: int
@@ -94,6 +104,7 @@ class BartConfig(ModelConfig, PipelineStages):
     activation_dropout_rate: float = 0.0
     activation: str = "gelu_exact"
     layer_norm_epsilon: float = dataclasses.field(default=1e-5, kw_only=True)
+    attention_pattern: AttentionPattern | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         check_positive_ints(
@@ -102,6 +113,7 @@ class BartConfig(ModelConfig, PipelineStages):
         )
         check_heads_divide(self)
         check_activation(self)
+        check_attention_pattern(self)
         self.check_model_config("attention_dropout_rate", "activation_dropout_rate")
         self.check_pipeline_fields()
         if not 0 <= self.pad_token_id < self.vocab_size:
@@ -162,9 +174,11 @@ class BartLayer(nn.Module):
             return x if c.pre_layer_norm else norm(x)
 
         def attention(name: str, cross_attention: bool = False) -> MultiHeadAttention:
+            pattern = None if self.decoder else c.attention_pattern  # the encoder's self-attention only
             return MultiHeadAttention(
                 c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-                cross_attention=cross_attention, attention_kernel=c.attention_kernel, name=name, **dtype_kwargs(c),
+                cross_attention=cross_attention, attention_kernel=c.attention_kernel, attention_pattern=pattern,
+                name=name, **dtype_kwargs(c),
             )
 
         self_name = "self_attention" if self.decoder else "attention"

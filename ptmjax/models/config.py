@@ -11,6 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from ptmjax.layers.attention import ATTENTION_KERNELS
+from ptmjax.layers.attention_patterns import AttentionPattern
 from ptmjax.layers.common import DTYPES
 from ptmjax.layers.context_parallel import CONTEXT_PARALLEL_FORMS
 from ptmjax.layers.layer_stack import LayerStackConfig
@@ -99,6 +100,13 @@ def check_heads_divide(config: Any) -> None:
             f"{owner}.d_model={config.d_model} is not divisible by num_heads={config.num_heads}; "
             "pick num_heads dividing d_model."
         )
+
+
+def check_attention_pattern(config: Any) -> None:
+    """Raise unless `config.attention_pattern` is None or a sparse attention pattern."""
+    if config.attention_pattern is not None and not isinstance(config.attention_pattern, AttentionPattern):
+        raise ValueError(f"{type(config).__name__}.attention_pattern must be an attention pattern (e.g. "
+                         f"@SlidingWindow()) or None, got {config.attention_pattern!r}")
 
 
 def check_activation(config: Any) -> None:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import AttentionMask, encoder_attention_mask, mask_to_bias
+from ptmjax.layers.attention_patterns import AttentionPattern
 from ptmjax.layers.batch_broadcast import broadcast_batch
 from ptmjax.layers.common import HIDDEN_AXES, dtype_kwargs
 from ptmjax.layers.dense import Dense
@@ -33,7 +34,13 @@ from ptmjax.layers.layer_stack import apply_layers
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.positions import check_length, position_embedder, positions_after_padding, sequential_positions
-from ptmjax.models.config import ModelConfig, check_activation, check_heads_divide, check_positive_ints
+from ptmjax.models.config import (
+    ModelConfig,
+    check_activation,
+    check_attention_pattern,
+    check_heads_divide,
+    check_positive_ints,
+)
 from ptmjax.models.encoder_heads import MlmHead, SentencePairHead
 
 Array = jax.Array
@@ -58,6 +65,8 @@ class EncoderConfig(ModelConfig):
     num_languages: rows of XLM's language table (Lample & Conneau, 2019), added to the token, position and
       type embeddings from 'language_ids' [b, s] (none given: language 0); with it the model reads the
       translation-LM features ('positions' restarting at a pair's second half, 'language_ids'). 0: none.
+    attention_pattern: a sparse attention pattern (ptmjax/layers/attention_patterns.py) of the post-LN layers'
+      self-attention, ANDed with the padding mask over each row's indices; None: dense (MPNet refuses one).
     Keyword-only, as in every family (ptmjax/models/config.py): dropout_rate,
     layer_norm_epsilon, dtype, param_dtype, and remat_policy and scan_layers
     (one scan over the layers, or over the groups of shared layers).
@@ -78,10 +87,12 @@ class EncoderConfig(ModelConfig):
     activation: str = "gelu_exact"
     layer_norm_epsilon: float = dataclasses.field(default=1e-12, kw_only=True)
     num_languages: int = dataclasses.field(default=0, kw_only=True)
+    attention_pattern: AttentionPattern | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
         check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_length")
+        check_attention_pattern(self)
         if self.num_languages < 0:
             raise ValueError(f"{owner}.num_languages={self.num_languages} must be 0 (no language embedding) or more.")
         if self.num_languages and self.pair_head:
@@ -231,7 +242,8 @@ class PostLNLayer(nn.Module):
         drop = nn.Dropout(c.dropout_rate)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-            attention_kernel=c.attention_kernel, name="attention", **dtype_kwargs(c),
+            attention_kernel=c.attention_kernel, attention_pattern=c.attention_pattern, name="attention",
+            **dtype_kwargs(c),
         )(x, x, mask, enable_dropout)
         x = LayerNorm(c.layer_norm_epsilon, name="attention_layer_norm", **dtype_kwargs(c))(
             x + drop(h, deterministic=not enable_dropout)

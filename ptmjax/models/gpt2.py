@@ -33,7 +33,13 @@ from ptmjax.layers.moe import MoeConfig
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.pipeline import PipelineStages
 from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
-from ptmjax.models.config import ModelConfig, check_activation, check_heads_divide, check_positive_ints
+from ptmjax.models.config import (
+    ModelConfig,
+    check_activation,
+    check_attention_pattern,
+    check_heads_divide,
+    check_positive_ints,
+)
 
 Array = jax.Array
 
@@ -82,11 +88,7 @@ class GPT2Config(MoeConfig, ModelConfig, PipelineStages):
         check_heads_divide(self)
         check_activation(self)
         self.check_model_config("attention_dropout_rate")
-        if self.attention_pattern is not None and not isinstance(self.attention_pattern, AttentionPattern):
-            raise ValueError(
-                f"GPT2Config.attention_pattern must be an attention pattern (e.g. @SlidingWindow()), got "
-                f"{self.attention_pattern!r}"
-            )
+        check_attention_pattern(self)
         self.check_pipeline_fields()
 
     def layer_stacks(self) -> dict[tuple[str, ...], int]:

@@ -59,6 +59,9 @@ class LongT5Config(T5Config):
         if self.hf_model_type is not None:
             raise ValueError(f"LongT5Config.hf_model_type={self.hf_model_type!r}: LongT5 has no variants; use None.")
         check_positive_ints(self, "local_radius", "global_block_size")
+        if self.attention_pattern is not None:
+            raise ValueError(f"LongT5Config.attention_pattern={self.attention_pattern!r}: LongT5's encoder attends "
+                             "locally already (encoder_attention_type, local_radius); use None.")
 
 
 class LongT5EncoderLayer(EncoderLayer):

@@ -54,6 +54,9 @@ class MPNetConfig(EncoderConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive_ints(self, "relative_attention_num_buckets", "relative_attention_max_distance")
+        if self.attention_pattern is not None:
+            raise ValueError(f"MPNetConfig.attention_pattern={self.attention_pattern!r}: MPNet's two-stream attention "
+                             "takes no sparse pattern; use None.")
 
     @property
     def mlm_activation(self) -> str:

@@ -22,6 +22,7 @@ from ptmjax.layers.attention_mask import (
     encoder_attention_mask,
     mask_to_bias,
 )
+from ptmjax.layers.attention_patterns import AttentionPattern
 from ptmjax.layers.common import HIDDEN_AXES, LOGIT_AXES, check_token_inputs, dtype_kwargs
 from ptmjax.layers.context_parallel import ContextMask
 from ptmjax.layers.dense import Dense
@@ -32,7 +33,7 @@ from ptmjax.layers.moe import MoeConfig
 from ptmjax.layers.norms import RMSNorm
 from ptmjax.layers.pipeline import PipelineStages
 from ptmjax.layers.relative_position import PositionBias, RelativePositionBias
-from ptmjax.models.config import ModelConfig, check_positive_ints
+from ptmjax.models.config import ModelConfig, check_attention_pattern, check_positive_ints
 from ptmjax.models.encoder_decoder import EncoderDecoderInterface
 
 Array = jax.Array
@@ -55,6 +56,9 @@ class T5Config(MoeConfig, ModelConfig, PipelineStages):
     PipelineStages) run both stacks as pipelines on a mesh with a stage axis, as GPT2Config's.
     hf_model_type: 'mt5' for mT5 (T5 v1.1 over a 250k-piece multilingual vocabulary), which
       Hugging Face exports as MT5ForConditionalGeneration; None: T5. It changes nothing computed.
+    attention_pattern: a sparse attention pattern (ptmjax/layers/attention_patterns.py) of the encoder's
+      self-attention, ANDed with its padding and packing masks over each row's indices; the decoder attends
+      densely. None: dense.
     """
 
     vocab_size: int
@@ -70,6 +74,7 @@ class T5Config(MoeConfig, ModelConfig, PipelineStages):
     relative_attention_max_distance: int = 128
     dropout_rate: float = dataclasses.field(kw_only=True)
     hf_model_type: str | None = dataclasses.field(default=None, kw_only=True)
+    attention_pattern: AttentionPattern | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ffn_activations", tuple(self.ffn_activations))
@@ -88,6 +93,7 @@ class T5Config(MoeConfig, ModelConfig, PipelineStages):
                 "use at least 4 (T5 uses 32)."
             )
         check_activations(self.ffn_activations)
+        check_attention_pattern(self)
         self.check_model_config()
         self.check_pipeline_fields()
 
@@ -135,7 +141,8 @@ class EncoderLayer(nn.Module):
         c = self.config
         return MultiHeadAttention(
             c.num_heads, c.head_dim, c.dropout_rate, attention_kernel=c.attention_kernel,
-            context_parallel=c.context_parallel_attention, name="attention", **dtype_kwargs(c),
+            attention_pattern=c.attention_pattern, context_parallel=c.context_parallel_attention, name="attention",
+            **dtype_kwargs(c),
         )(h, h, mask, enable_dropout)
 
 

@@ -2,7 +2,9 @@
 NumPy from its paper's rule; an attention layer with the pattern ('blockwise', which skips the tiles it masks
 entirely, 'einsum' and 'xla', which take it as a bias) equals the einsum path given that NumPy mask as an explicit
 bias, outputs and gradients, bidirectional and causal, packed, with T5's bias; the blockwise path's FLOPs fall
-with the window as its live tiles do; GPT-2 with a sliding window trains, and sharded equals one device."""
+with the window as its live tiles do; the encoders of BERT, T5 (with its relative bias) and BART with a pattern
+equal the dense model given the NumPy mask as an explicit bias; GPT-2 with a sliding window trains, and GPT-2 and
+T5 sharded equal one device; a pattern under context parallelism is refused in one line."""
 
 import dataclasses
 import functools
@@ -16,6 +18,7 @@ import pytest
 from conftest import attention_outputs_and_grads, random_normal, tiny_attention_models
 
 from ptmjax import partitioning
+from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import AttentionMask, mask_to_bias
 from ptmjax.layers.attention_patterns import (
     AnyOf,
@@ -27,7 +30,8 @@ from ptmjax.layers.attention_patterns import (
     live_tiles,
 )
 from ptmjax.layers.blockwise_attention import PATTERN_TILE, blockwise_attention
-from ptmjax.models import GPT2
+from ptmjax.models import GPT2, Bart, BartConfig, Bert, BertConfig, EncoderDecoder, LongT5Config, MPNetConfig
+from ptmjax.partitioning import CONTEXT_RULES, MeshConfig
 
 LENGTH = 260  # three query and key tiles of PATTERN_TILE (128), the last one short
 P = np.arange(LENGTH)  # query and key positions
@@ -112,8 +116,55 @@ def test_blockwise_flops_fall_with_the_window_as_the_live_tiles_do():
     assert ratios[128] < ratios[256] < ratios[512] < 0.85, ratios  # 15, 21 and 30 of 36 tiles
 
 
-GPT_WINDOW = dataclasses.replace(tiny_attention_models(2)[1], max_length=288, attention_kernel="blockwise",
+T5_TINY, GPT_TINY = tiny_attention_models(2)
+GPT_WINDOW = dataclasses.replace(GPT_TINY, max_length=288, attention_kernel="blockwise",
                                  attention_pattern=SlidingWindow(48))
+ENCODERS = {  # family -> (model class, tiny config, whether its `encode` takes segment ids)
+    "bert": (Bert, BertConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=2, d_ff=32, max_length=LENGTH,
+                              dropout_rate=0.0, attention_dropout_rate=0.0), False),
+    "t5": (EncoderDecoder, T5_TINY, True),
+    "bart": (Bart, BartConfig(vocab_size=40, d_model=16, num_heads=2, num_encoder_layers=2, num_decoder_layers=1,
+                              d_ff=32, max_length=LENGTH, pad_token_id=0, dropout_rate=0.0), True),
+}
+
+
+def with_explicit_mask(allowed: np.ndarray):
+    """A flax interceptor giving every encoder self-attention (the submodules named 'attention') its mask folded
+    into one bias plus `allowed` [q, k] as a bias: the einsum path with the pattern written out."""
+    def interceptor(next_fun, args, kwargs, context):
+        module = context.module
+        if isinstance(module, MultiHeadAttention) and context.method_name == "__call__" and module.name == "attention":
+            inputs_q, inputs_kv, mask, *rest = args
+            bias = mask.dense_bias(jnp.float32) + mask_to_bias(jnp.asarray(allowed))[None, None]
+            args = (inputs_q, inputs_kv, AttentionMask(bias), *rest)
+        return next_fun(*args, **kwargs)
+    return interceptor
+
+
+@pytest.mark.parametrize("name", ["sliding_window", "bigbird"])
+@pytest.mark.parametrize("family", sorted(ENCODERS))
+def test_encoder_with_a_pattern_equals_the_dense_model_with_the_explicit_mask(family, name):
+    """Rows of 260 tokens, one padded from 250 (T5 and BART: the other packed, two segments); the encoder's
+    output at every real token, 'einsum' and 'blockwise' with the pattern against the dense model's einsum path
+    with the NumPy mask (relative 1e-5)."""
+    module, config, packed = ENCODERS[family]
+    pattern, allowed = PATTERNS[name]
+    ids = packed_rows() if packed else jnp.asarray(np.arange(LENGTH)[None] < np.array([[LENGTH], [250]]), jnp.int32)
+    tokens = jnp.where(ids > 0, jnp.asarray(np.random.default_rng(4).integers(2, 40, (2, LENGTH))), 0)
+    inputs = (tokens, ids) if packed else (tokens,)
+    method = module.encode
+    dense = module(config)
+    params = jax.jit(functools.partial(dense.init, method=method))(jax.random.key(0), *inputs)
+    with nn.intercept_methods(with_explicit_mask(allowed)):
+        want = jax.jit(functools.partial(dense.apply, method=method))(params, *inputs)
+    real = np.asarray(ids) > 0
+    scale = float(jnp.max(jnp.abs(want[real])))
+    plain = jax.jit(functools.partial(dense.apply, method=method))(params, *inputs)
+    assert float(jnp.max(jnp.abs(plain - want)[real])) > 1e-3 * scale, "the pattern made no difference"
+    for kernel in ("einsum", "blockwise"):
+        sparse = module(dataclasses.replace(config, attention_pattern=pattern, attention_kernel=kernel))
+        got = jax.jit(functools.partial(sparse.apply, method=method))(params, *inputs)
+        np.testing.assert_allclose(got[real], want[real], atol=1e-5 * scale, err_msg=kernel)
 
 
 def language_model_batch() -> dict[str, jnp.ndarray]:
@@ -123,8 +174,14 @@ def language_model_batch() -> dict[str, jnp.ndarray]:
 
 
 def loss_fn(model, params, tokens):
-    logits = model.apply(params, tokens[:, :-1])
-    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]))
+    """GPT-2: next-token loss over the rows; T5: the encoder reads the rows, the decoder predicts their 16
+    first tokens."""
+    if isinstance(model, EncoderDecoder):
+        targets = tokens[:, :16]
+        logits = model.apply(params, tokens, jnp.pad(targets[:, :-1], ((0, 0), (1, 0))))
+    else:
+        logits, targets = model.apply(params, tokens[:, :-1]), tokens[:, 1:]
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
 
 
 def test_gpt2_with_a_sliding_window_trains():
@@ -145,9 +202,23 @@ def test_gpt2_with_a_sliding_window_trains():
     assert all(b < a for a, b in zip(losses[:-1], losses[1:], strict=True)) and losses[-1] < 0.85 * losses[0], losses
 
 
-def test_gpt2_with_a_sliding_window_sharded_equals_one_device():
-    model, tokens = GPT2(GPT_WINDOW), language_model_batch()["decoder_input_tokens"]
-    params = model.init(jax.random.key(0), tokens[:, :-1])
+SHARDED = {  # the blockwise kernel with a sliding window of 48: GPT-2 causal, T5's encoder with its bias (one layer)
+    "gpt2": GPT2(GPT_WINDOW),
+    "t5": EncoderDecoder(dataclasses.replace(
+        tiny_attention_models(1)[0], attention_kernel="blockwise", attention_pattern=SlidingWindow(48))),
+}
+
+
+def init_params(model, tokens):
+    inputs = (tokens, tokens[:, :16]) if isinstance(model, EncoderDecoder) else (tokens[:, :-1],)
+    return jax.jit(model.init)(jax.random.key(0), *inputs)
+
+
+@pytest.mark.parametrize("name", sorted(SHARDED))
+def test_sliding_window_model_sharded_equals_one_device(name):
+    """Loss and gradients on (data=2, fsdp=2, tensor=2) equal one device's; the window changes the loss."""
+    model, tokens = SHARDED[name], language_model_batch()["decoder_input_tokens"]
+    params = init_params(model, tokens)
     grad = jax.jit(jax.value_and_grad(functools.partial(loss_fn, model)))
     want_loss, want_grads = grad(params, tokens)
     mesh = partitioning.make_mesh(partitioning.MeshConfig(data=2, fsdp=2, tensor=2))
@@ -155,6 +226,36 @@ def test_gpt2_with_a_sliding_window_sharded_equals_one_device():
         got_loss, got_grads = grad(params, tokens)
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=1e-6), got_grads, want_grads)
-    dense = GPT2(dataclasses.replace(GPT_WINDOW, attention_pattern=None))
+    dense = type(model)(dataclasses.replace(model.config, attention_pattern=None))
     dense_loss = jax.jit(functools.partial(loss_fn, dense))(params, tokens)
     assert abs(float(want_loss) - float(dense_loss)) > 1e-4, "the window made no difference"
+
+
+def test_an_encoder_pattern_under_context_parallelism_is_refused_in_one_line():
+    model = EncoderDecoder(dataclasses.replace(T5_TINY, attention_pattern=SlidingWindow(4)))
+    tokens = jnp.ones((2, 16), jnp.int32)
+    params = jax.jit(model.init)(jax.random.key(0), tokens, tokens)
+    mesh = partitioning.make_mesh(MeshConfig(axes={"data": 2, "fsdp": 1, "context": 4, "tensor": 1, "expert": 1},
+                                             rules=CONTEXT_RULES))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(CONTEXT_RULES):
+        with pytest.raises(ValueError, match=r"^context-parallel attention takes no sparse attention pattern; drop the "
+                                             r"pattern \(attention_pattern = None\) or the context axis(\n|$)"):
+            jax.jit(model.apply)(params, tokens, tokens)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: dataclasses.replace(T5_TINY, attention_pattern=48),
+     r"^T5Config.attention_pattern must be an attention pattern \(e.g. @SlidingWindow\(\)\) or None, got 48(\n|$)"),
+    (lambda: LongT5Config(**{f.name: getattr(T5_TINY, f.name) for f in dataclasses.fields(T5_TINY)}
+                          | {"attention_pattern": SlidingWindow(4)}),
+     r"^LongT5Config.attention_pattern=SlidingWindow\(size=4\): LongT5's encoder attends locally already "
+     r"\(encoder_attention_type, local_radius\); use None.(\n|$)"),
+    (lambda: MPNetConfig(vocab_size=40, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+                         attention_pattern=SlidingWindow(4)),
+     r"^MPNetConfig.attention_pattern=SlidingWindow\(size=4\): MPNet's two-stream attention takes no sparse "
+     r"pattern; use None.(\n|$)"),
+])
+def test_configs_refuse_a_pattern_they_cannot_apply_in_one_line(make, message):
+    """One line (gin's call context follows on the next)."""
+    with pytest.raises(ValueError, match=message):
+        make()
