@@ -32,6 +32,7 @@ FAMILIES = {
     "runs/glm_demo.gin": ({"targets": 32}, ("loss", "accuracy")),
     "runs/spanbert_demo.gin": ({"inputs": 32, "targets": 32}, ("loss", "mlm_loss", "sbo_loss")),
     "runs/elmo_demo.gin": ({"targets": 32}, ("loss", "forward_nll", "backward_nll")),
+    "runs/longt5_demo.gin": ({"inputs": 64, "targets": 16}, ("loss", "accuracy")),  # TGlobal: 2 blocks, 4 globals
 }
 LR, STEPS, BATCH = 0.01, 2, 8
 
