@@ -16,9 +16,10 @@ CONFIG = BertConfig(
 LENGTHS = {"inputs": 16, "targets": 16}
 
 
-def trainer_and_batches(extra_state=(), config=CONFIG, mesh_config=None, devices=None, steps=4):
-    """A trainer of BERT `config` with AdamW and `extra_state`, and `steps` random global batches."""
-    spec = RunSpec(model=Bert(config), batch_size=8, task_feature_lengths=LENGTHS, optimizer=adamw, pack=False,
+def trainer_and_batches(extra_state=(), config=CONFIG, mesh_config=None, devices=None, steps=4, optimizer=adamw):
+    """A trainer of BERT `config` with `optimizer` (default AdamW) and `extra_state`, and `steps` random global
+    batches."""
+    spec = RunSpec(model=Bert(config), batch_size=8, task_feature_lengths=LENGTHS, optimizer=optimizer, pack=False,
                    mesh_config=mesh_config, extra_state=tuple(extra_state))
     trainer = spec.trainer(partitioning.make_mesh(spec.mesh_config, devices or jax.devices()[:1]))
     rng = np.random.default_rng(0)

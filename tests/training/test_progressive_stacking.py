@@ -4,10 +4,12 @@ and the grown model's forward is a hand-built 4-layer model's; sharded equals on
 and after the growth and resumed equal an uninterrupted run bitwise."""
 
 import dataclasses
+import functools
 
 import gin
 import jax
 import numpy as np
+import optax
 import pytest
 from progressive_helpers import CONFIG, train, trainer_and_batches
 from reliability.reliability_helpers_a import assert_trees_equal, saved_checkpoint
@@ -84,17 +86,26 @@ def test_evaluation_before_the_growth_runs_the_active_layers_only():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), jax.device_get(got), jax.device_get(want))
 
 
-@pytest.mark.xfail(reason="fails on a clean checkout: on (data=2, fsdp=2, tensor=2) some parameters differ "
-                          "from one device's by up to 1e-3 after the growth; cause not found yet", strict=False)
 def test_a_sharded_stacking_run_equals_one_device():
+    """Three steps with the growth after the second, on (data=2, fsdp=2, tensor=2) and on one device.
+
+    SGD with momentum, whose per-layer trace the growth copies as it copies Adam's moments. Not Adam: the
+    attention key biases have an exactly zero gradient (a constant added to a softmax row), about 1e-10 in
+    float32 rounding, and Adam divides it by its own size (eps 1e-8), so those biases move by up to 0.1 of the
+    learning rate in directions set by the rounding of each layout (1e-3 apart; every other parameter within
+    2e-5). With SGD the two runs agree within 3e-8."""
+    momentum = functools.partial(optax.sgd, momentum=0.9)
     results = []
     for mesh_config, devices in [(partitioning.MeshConfig(data=2, fsdp=2, tensor=2), jax.devices()),
                                  (partitioning.MeshConfig(data=1), jax.devices()[:1])]:
-        trainer, batches = trainer_and_batches([STACKING], mesh_config=mesh_config, devices=devices, steps=3)
+        trainer, batches = trainer_and_batches([STACKING], mesh_config=mesh_config, devices=devices, steps=3,
+                                               optimizer=momentum)
         results.append(train(trainer, batches, [STACKING.callback(trainer)])[0][-1])
     sharded, single = results
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), sharded.params, single.params)
     assert int(sharded.extra["progressive_stacking"]["growths"]) == 1
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), sharded.params, single.params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), sharded.opt_state,
+                 single.opt_state)
 
 
 def bert_run(model_dir, num_steps, **settings):
