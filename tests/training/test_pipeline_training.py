@@ -4,13 +4,13 @@ The same tiny scanned model (4 layers a stack) takes three SGD steps on the same
 and on 8 emulated devices with a stage axis. GPT-2: GPipe on (stage=4, data=2) and on (stage=2,
 fsdp=2, tensor=2) with full remat, and the circular schedule (2 rounds) on (stage=2, data=4) with
 gradient accumulation. GPT-2 with MoE layers, their auxiliary losses included: GPipe on (stage=2,
-expert=2, data=2) and circular on (stage=2, expert=2, fsdp=2). T5 and BART, both stacks pipelined and
-the encoder's output fed to every decoder stage: GPipe on (stage=4, data=2), on (stage=2, fsdp=2,
-tensor=2) and circular on (stage=2, data=2, tensor=2); LongT5 (local attention) on the second.
-Losses, gradient norms, the first step's gradients and the parameters after the steps must agree to
-float32 tolerance. A checkpoint saved with stages restores on a mesh without them and the reverse, and
-goes on training there as the run it left would have. Families and options the pipeline does not run
-are refused by name.
+expert=2, data=2) and circular on (stage=2, expert=2, fsdp=2); T5 with MoE layers on the first.
+T5 and BART, both stacks pipelined and the encoder's output fed to every decoder stage: GPipe on
+(stage=4, data=2), on (stage=2, fsdp=2, tensor=2) and circular on (stage=2, data=2, tensor=2);
+LongT5 (local attention) on the second. Losses, gradient norms, the first step's gradients and the
+parameters after the steps must agree to float32 tolerance. A checkpoint saved with stages restores
+on a mesh without them and the reverse, and goes on training there as the run it left would have.
+Families and options the pipeline does not run are refused by name.
 """
 
 import functools
@@ -125,15 +125,19 @@ MOE = {"num_experts": 4, "moe_top_k": 2, "moe_load_balancing_loss_weight": 0.1, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh_config, num_microbatches, moe, fields", [
-    (staged(stage=2, expert=2, data=2), 1, {"moe_every": 2}, {"pipeline_microbatches": 4}),
-    (staged(stage=2, expert=2, fsdp=2), 2, {"moe_every": 1}, {"pipeline_microbatches": 2,
-                                                              "pipeline_schedule": "circular", "pipeline_repeats": 2}),
-], ids=["gpipe-stage2-expert2-data2", "circular-stage2-expert2-fsdp2-accumulated"])
-def test_pipelined_moe_training_equals_one_device(mesh_config, num_microbatches, moe, fields):
-    """MoE layers' auxiliary losses, summed over stages and averaged over micro-batches, train as one device's."""
-    want = train(SINGLE, True, num_microbatches, **MOE, **moe)
-    assert_trains_as_one_device(train(mesh_config, False, num_microbatches, **MOE, **moe, **fields), want,
+@pytest.mark.parametrize("family, mesh_config, num_microbatches, moe, fields", [
+    ("gpt2", staged(stage=2, expert=2, data=2), 1, {"moe_every": 2}, {"pipeline_microbatches": 4}),
+    ("gpt2", staged(stage=2, expert=2, fsdp=2), 2, {"moe_every": 1}, {"pipeline_microbatches": 2,
+                                                                      "pipeline_schedule": "circular",
+                                                                      "pipeline_repeats": 2}),
+    ("t5", staged(stage=2, expert=2, data=2), 1, {"moe_every": 2}, {"pipeline_microbatches": 2}),
+], ids=["gpt2-gpipe-stage2-expert2-data2", "gpt2-circular-stage2-expert2-fsdp2-accumulated",
+        "t5-gpipe-stage2-expert2-data2"])
+def test_pipelined_moe_training_equals_one_device(family, mesh_config, num_microbatches, moe, fields):
+    """MoE layers' auxiliary losses, summed over stages (and T5's two stacks) and averaged over micro-batches,
+    train as one device's."""
+    want = train(SINGLE, True, num_microbatches, family, **MOE, **moe)
+    assert_trains_as_one_device(train(mesh_config, False, num_microbatches, family, **MOE, **moe, **fields), want,
                                 ("loss", "grad_norm", "moe_aux_loss"))
     assert want[1][0]["moe_aux_loss"] > 0.1  # the losses are there: balance is >= 1 per MoE layer, weighted 0.1
 
