@@ -17,7 +17,16 @@ import numpy as np
 
 from ptmjax.convert.hf_gpt2 import ACTIVATIONS, TO_HF_ACTIVATION  # HF activation_function <-> ours
 from ptmjax.convert.hf_heads import BaseModel, Head
-from ptmjax.convert.state_dict import Params, Rule, field, one_to_one, params_to_rules, require, rules_to_params
+from ptmjax.convert.state_dict import (
+    Params,
+    Rule,
+    field,
+    one_to_one,
+    params_to_rules,
+    refuse_attention_pattern,
+    require,
+    rules_to_params,
+)
 from ptmjax.models.bart import Bart, BartConfig
 
 HEADS = {"bart": {"BartForConditionalGeneration": Head(Bart)}, "mbart": {"MBartForConditionalGeneration": Head(Bart)}}
@@ -95,6 +104,7 @@ def to_hf_config(config: BartConfig) -> Any:
     """BartConfig -> transformers.BartConfig or MBartConfig (needs transformers installed)."""
     import transformers
 
+    refuse_attention_pattern(config, "BART")
     if config.activation not in TO_HF_ACTIVATION:
         raise ValueError(
             f"BartConfig.activation={config.activation!r} has no Hugging Face equivalent; use one of "

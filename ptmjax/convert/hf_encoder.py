@@ -15,7 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from ptmjax.convert.state_dict import Params, Rule, field, one_to_one, params_to_rules, require, rules_to_params
+from ptmjax.convert.state_dict import (
+    Params,
+    Rule,
+    field,
+    one_to_one,
+    params_to_rules,
+    refuse_attention_pattern,
+    require,
+    rules_to_params,
+)
 from ptmjax.models.encoder import EncoderConfig
 
 ACTIVATIONS = {"gelu": "gelu_exact", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu", "silu": "silu"}
@@ -89,6 +98,7 @@ def refuse_unless(config: EncoderConfig, family: str, **allowed: tuple[Any, ...]
 def hf_encoder_kwargs(config: EncoderConfig) -> dict[str, Any]:
     """The HF config kwargs every family writes alike (`to_hf_config`)."""
     refuse_unless(config, "encoder", activation=tuple(TO_HF_ACTIVATION), num_languages=(0,))
+    refuse_attention_pattern(config, "encoder")
     return dict(
         vocab_size=config.vocab_size, hidden_size=config.d_model, num_attention_heads=config.num_heads,
         num_hidden_layers=config.num_layers, intermediate_size=config.d_ff, max_position_embeddings=config.max_length,

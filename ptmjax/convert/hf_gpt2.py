@@ -12,7 +12,16 @@ from typing import Any
 import numpy as np
 
 from ptmjax.convert.hf_heads import BaseModel, Head
-from ptmjax.convert.state_dict import Params, Rule, field, one_to_one, params_to_rules, require, rules_to_params
+from ptmjax.convert.state_dict import (
+    Params,
+    Rule,
+    field,
+    one_to_one,
+    params_to_rules,
+    refuse_attention_pattern,
+    require,
+    rules_to_params,
+)
 from ptmjax.models.gpt2 import GPT2, GPT2Config
 
 # HF activation_function -> ours. 'gelu_pytorch_tanh' is the same tanh formula as 'gelu_new'.
@@ -58,6 +67,7 @@ def to_hf_config(config: GPT2Config) -> Any:
     """GPT2Config -> transformers.GPT2Config (needs transformers installed)."""
     import transformers
 
+    refuse_attention_pattern(config, "GPT-2")
     if config.num_experts:
         raise ValueError(
             f"GPT2Config.num_experts={config.num_experts}: Hugging Face's GPT-2 has no Mixture-of-Experts layers; "

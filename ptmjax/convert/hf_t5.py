@@ -29,7 +29,7 @@ import flax.linen as nn
 import numpy as np
 
 from ptmjax.convert.hf_heads import BaseModel, Head
-from ptmjax.convert.state_dict import Params, field, one_to_one, rules_to_params
+from ptmjax.convert.state_dict import Params, field, one_to_one, refuse_attention_pattern, rules_to_params
 from ptmjax.models.t5 import EncoderDecoder, T5Config
 
 HEADS = {"t5": {"T5ForConditionalGeneration": Head(EncoderDecoder)},
@@ -111,6 +111,7 @@ def to_hf_config(config: T5Config) -> Any:
 
 def hf_config_fields(config: T5Config) -> dict[str, Any]:
     """The fields of the Hugging Face config of `config` that T5, mT5 and LongT5 share."""
+    refuse_attention_pattern(config, "T5")
     if config.num_experts:
         raise ValueError(
             f"num_experts={config.num_experts}: Hugging Face's T5 has no Mixture-of-Experts layers; "

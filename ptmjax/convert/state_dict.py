@@ -48,6 +48,13 @@ def require(hf_config: Any, family: str, name: str, allowed: Sequence[Any], defa
     return value
 
 
+def refuse_attention_pattern(config: Any, family: str) -> None:
+    """Raise when `config` has a sparse attention pattern: Hugging Face's `family` attends densely."""
+    if getattr(config, "attention_pattern", None) is not None:
+        raise ValueError(f"{type(config).__name__}.attention_pattern={config.attention_pattern!r} has no Hugging Face "
+                         f"{family} equivalent (it attends densely); only models without a pattern can be exported.")
+
+
 def to_numpy(value: Any) -> np.ndarray:
     """torch tensor (any dtype, bfloat16 widened to float32) or array-like -> numpy."""
     if hasattr(value, "detach"):

@@ -18,6 +18,7 @@ import pytest
 from conftest import attention_outputs_and_grads, random_normal, tiny_attention_models
 
 from ptmjax import partitioning
+from ptmjax.convert import hf_bart, hf_bert, hf_gpt2, hf_t5
 from ptmjax.layers.attention import MultiHeadAttention
 from ptmjax.layers.attention_mask import AttentionMask, mask_to_bias
 from ptmjax.layers.attention_patterns import (
@@ -259,3 +260,19 @@ def test_configs_refuse_a_pattern_they_cannot_apply_in_one_line(make, message):
     """One line (gin's call context follows on the next)."""
     with pytest.raises(ValueError, match=message):
         make()
+
+
+EXPORTS = {  # family -> (converter, config, Hugging Face family in the message)
+    "bert": (hf_bert, ENCODERS["bert"][1], "encoder"), "t5": (hf_t5, T5_TINY, "T5"),
+    "bart": (hf_bart, ENCODERS["bart"][1], "BART"), "gpt2": (hf_gpt2, GPT_TINY, "GPT-2"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(EXPORTS))
+def test_hugging_face_export_refuses_a_pattern_in_one_line(family):
+    pytest.importorskip("transformers")
+    converter, config, name = EXPORTS[family]
+    with pytest.raises(ValueError, match=rf"^{type(config).__name__}.attention_pattern=SlidingWindow\(size=4\) has no "
+                                         rf"Hugging Face {name} equivalent \(it attends densely\); only models without "
+                                         r"a pattern can be exported.$"):
+        converter.to_hf_config(dataclasses.replace(config, attention_pattern=SlidingWindow(4)))
