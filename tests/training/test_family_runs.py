@@ -24,6 +24,7 @@ RUNS = {
     "runs/albert_demo.gin": ({"inputs": 32, "targets": 32}, ("sentence_loss", "sentence_accuracy")),
     "runs/electra_demo.gin": ({"inputs": 32, "targets": 32}, ("discriminator_loss", "discriminator_accuracy")),
     "runs/bart_demo.gin": ({"inputs": 32, "targets": 32}, ()),
+    "runs/longt5_demo.gin": ({"inputs": 64, "targets": 16}, ()),
 }
 
 
