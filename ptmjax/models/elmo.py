@@ -15,11 +15,14 @@ over the word vocabulary.
 Layers exposed to probing (`layer_representations`): the token encoder's output and each LSTM layer's,
 each as [forward; backward] (the token encoder's twice), [num_layers + 1, b, s, 2 * hidden_dim].
 
-Sharding: the LSTM weights are replicated (no logical axes). With their kernels on ('embed', 'mlp'), a
-(data=2, fsdp=2, tensor=2) step's gradients differed from one device's by up to 15% of some biases' updates
-(losses equal at the first step, 1e-5 apart at the second) while data=8 alone matched: a question to take
-to Flax's lifted scan under sharded broadcast parameters, not answered here. The character CNN and the
-softmax are sharded.
+Sharding: the LSTM weights are replicated (no logical axes). With their kernels on ('embed', 'mlp'), or on
+(None, 'mlp') alike, a (data=2, fsdp=2, tensor=2) SGD step moved some parameters by up to 63% off one device's
+update (the character embedding; 16% of some LSTM biases) while the loss before it was equal bit for bit: not
+float rounding (SGD does not amplify it), and not the model's gradient, which a jitted `jax.grad` of the same
+loss on the same sharded parameters gives within 2e-6 of one device's. Only the whole train step's program
+computes it wrong; neither its optimization barrier, its `lax.cond`, the dropout rng nor its in/out shardings
+is the cause, and a lone `nn.RNN(nn.LSTMCell)` with sharded kernels is right, so the cause is not isolated
+yet. The character CNN and the softmax are sharded.
 
 Scaled down from the paper (4096-cell LSTMs projected to 512, 2048 filters): no cell clipping and no LSTM
 projection; the tiny config is gin_configs/models/elmo_tiny.gin.
