@@ -19,10 +19,11 @@ Sharding: the LSTM weights are replicated (no logical axes). With their kernels 
 (None, 'mlp') alike, a (data=2, fsdp=2, tensor=2) SGD step moved some parameters by up to 63% off one device's
 update (the character embedding; 16% of some LSTM biases) while the loss before it was equal bit for bit: not
 float rounding (SGD does not amplify it), and not the model's gradient, which a jitted `jax.grad` of the same
-loss on the same sharded parameters gives within 2e-6 of one device's. Only the whole train step's program
-computes it wrong; neither its optimization barrier, its `lax.cond`, the dropout rng nor its in/out shardings
-is the cause, and a lone `nn.RNN(nn.LSTMCell)` with sharded kernels is right, so the cause is not isolated
-yet. The character CNN and the softmax are sharded.
+loss on the same sharded parameters gives within 2e-6 of one device's (and one jitted program of that
+gradient and the SGD update is right too). Only make_train_step's program computes it wrong; neither its
+optimization barrier, its `lax.cond`, the dropout rng nor its in/out shardings is the cause, and a lone
+`nn.RNN(nn.LSTMCell)` with sharded kernels is right, so the cause is not isolated yet. The character CNN
+and the softmax are sharded.
 
 Scaled down from the paper (4096-cell LSTMs projected to 512, 2048 filters): no cell clipping and no LSTM
 projection; the tiny config is gin_configs/models/elmo_tiny.gin.
