@@ -33,6 +33,7 @@ import gin
 import jax
 import numpy as np
 import seqio
+from flax.core import meta
 from scipy import stats
 
 from ptmjax.gin_files import parse_gin
@@ -300,7 +301,7 @@ def train_one(setting: Setting, slug: str, seed: int) -> dict[str, Any]:
     gin.clear_config()
     if final.params is None:  # the run ended in its final evaluation, after saving its last step
         tokens = np.zeros((1, arm.length), np.int32)
-        abstract = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens))["params"]
+        abstract = meta.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens)))["params"]
         final.params = ModelDir(str(model_dir)).read_params(abstract)
     logs = records(model_dir)
     result = {
