@@ -423,6 +423,8 @@ def compare(setting: Setting, report_only: bool) -> dict[str, Any]:
 def _cell(figure: dict[str, Any], digits: int = 2, signed: bool = False) -> str:
     low, high = figure["ci95"]
     spec = f"{'+' if signed else ''}.{digits}f"
+    if low == high:  # one seed: no interval
+        return f"{figure['mean']:{spec}}"
     return f"{figure['mean']:{spec}} [{low:{spec}}, {high:{spec}}]"
 
 
