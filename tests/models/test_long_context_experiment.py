@@ -51,8 +51,8 @@ def test_training_flops_by_hand_and_equal_compute(monkeypatch):
 
 @pytest.mark.slow  # compiles GPT-2 at 512 and 2,048 for both paths: about 2 minutes on 2 loaded cores
 def test_position_nll_equals_each_row_scored_alone(monkeypatch):
-    """A windowed GPT-2 scored on 2048-token rows: each position's NLL equals log-softmax of that row's own forward
-    pass from BOS; the 512 model's row restarts every 512 positions."""
+    """A windowed GPT-2 scored on 2048-token rows: each position's NLL equals the log-softmax of that row's own
+    forward pass from BOS, one row at a time; the 512 model's row restarts every 512 positions."""
     run = script_module(SCRIPT, monkeypatch)
     rng = np.random.default_rng(0)
     rows = rng.integers(1, 2176, size=(2, run.ROW)).astype(np.int32)
@@ -62,17 +62,17 @@ def test_position_nll_equals_each_row_scored_alone(monkeypatch):
         model = run.training_run.run_spec_from_gin().model
         run.gin.clear_config()
         params = model.init(jax.random.PRNGKey(0), np.zeros((1, arm.length), np.int32))["params"]
-        want = np.zeros(run.ROW)
-        for row in rows:
+        want = np.zeros(rows.shape)
+        for row, want_row in zip(rows, want, strict=True):
             for start in range(0, run.ROW, arm.length):
                 piece = row[start:start + arm.length]
                 inputs = np.concatenate([[0], piece[:-1]])[None]
                 log_probs = np.asarray(jax.nn.log_softmax(model.apply({"params": params}, inputs)))[0]
-                want[start:start + arm.length] -= log_probs[np.arange(arm.length), piece]
+                want_row[start:start + arm.length] = -log_probs[np.arange(arm.length), piece]
         got = run.position_nll(arm, model, params, rows, batch=1)
         np.testing.assert_allclose(got, want, rtol=2e-5)
-        perplexities = run.bucket_perplexities({"position_nll_sum": got.tolist(), "eval_rows": 2})
-        assert perplexities[-1] == pytest.approx(math.exp(want[1:].mean() / 2))
+        perplexities = run.bucket_perplexities({"position_nll_sum": got.sum(0).tolist(), "eval_rows": 2})
+        assert perplexities[-1] == pytest.approx(math.exp(want[:, 1:].mean()), rel=1e-5)
 
 
 @pytest.mark.slow  # 2 training runs of 3 steps and their scoring: about 5 minutes on 2 loaded cores
