@@ -15,15 +15,14 @@ over the word vocabulary.
 Layers exposed to probing (`layer_representations`): the token encoder's output and each LSTM layer's,
 each as [forward; backward] (the token encoder's twice), [num_layers + 1, b, s, 2 * hidden_dim].
 
-Sharding: the LSTM weights are replicated (no logical axes). With their kernels on ('embed', 'mlp'), or on
-(None, 'mlp') alike, a (data=2, fsdp=2, tensor=2) SGD step moved some parameters by up to 63% off one device's
-update (the character embedding; 16% of some LSTM biases) while the loss before it was equal bit for bit: not
-float rounding (SGD does not amplify it), and not the model's gradient, which a jitted `jax.grad` of the same
-loss on the same sharded parameters gives within 2e-6 of one device's (and one jitted program of that
-gradient and the SGD update is right too). Only make_train_step's program computes it wrong; neither its
-optimization barrier, its `lax.cond`, the dropout rng nor its in/out shardings is the cause, and a lone
-`nn.RNN(nn.LSTMCell)` with sharded kernels is right, so the cause is not isolated yet. The character CNN
-and the softmax are sharded.
+Sharding: the LSTM kernels are on ('embed', 'mlp') like the rest of the model, and each step's carry (c, h) is
+constrained to ('activation_batch', 'activation_embed') (`BatchShardedLstmCell`). Without that constraint XLA's SPMD
+partitioner (jax 0.10.2, CPU) computes wrong gradients for a scanned recurrence whose kernels are sharded on
+(fsdp, tensor) and whose outputs feed a projection sharded the same way, given a batch sharded over (data, fsdp):
+a (data=2, fsdp=2, tensor=2) SGD step moved the character embedding 63% off one device's update while the
+loss was equal. Constraining the carry each step returns fixes it (in a standalone repro); the incoming carry
+alone, the scan's outputs or the kernels inside the loop do not. (A `jit(grad)` that closes over the batch,
+instead of taking it as an argument, is right: the closed-over batch is not partitioned the same way.)
 
 Scaled down from the paper (4096-cell LSTMs projected to 512, 2048 filters): no cell clipping and no LSTM
 projection; the tiny config is gin_configs/models/elmo_tiny.gin.
@@ -98,6 +97,7 @@ def _kwargs(config: ElmoConfig) -> dict:
 
 
 LECUN_NORMAL = nn.initializers.lecun_normal()
+RECURRENT_INIT = nn.initializers.orthogonal()  # nn.LSTMCell's default
 
 
 def _kernel(axes: tuple[str | None, ...], init=LECUN_NORMAL):
@@ -127,6 +127,20 @@ class CharacterEncoder(nn.Module):
         return nn.Dense(c.hidden_dim, name="projection", kernel_init=_kernel(("mlp", "embed")), **kw)(x)
 
 
+class BatchShardedLstmCell(nn.LSTMCell):
+    """`nn.LSTMCell` whose carry (c, h) [b, d] is constrained to ('activation_batch', 'activation_embed') on the
+    way in and out of every step (see the module docstring's Sharding paragraph)."""
+
+    def __call__(self, carry: tuple[Array, Array], inputs: Array) -> tuple[tuple[Array, Array], Array]:
+        (c, h), _ = super().__call__(_batch_sharded(carry), inputs)
+        c, h = _batch_sharded((c, h))
+        return (c, h), h
+
+
+def _batch_sharded(carry: tuple[Array, Array]) -> tuple[Array, Array]:
+    return tuple(nn.with_logical_constraint(x, ("activation_batch", "activation_embed")) for x in carry)
+
+
 class LstmStack(nn.Module):
     """One direction's LSTM layers over vectors [b, s, d] -> each layer's states [num_layers, b, s, d]; `reverse`
     reads every row from its last real token (`lengths`) back to its first."""
@@ -139,7 +153,8 @@ class LstmStack(nn.Module):
         c, kw = self.config, _kwargs(self.config)
         states = []
         for i in range(c.num_layers):
-            cell = nn.LSTMCell(c.hidden_dim, name=f"layer_{i}", **kw)  # replicated: see the module docstring
+            cell = BatchShardedLstmCell(c.hidden_dim, name=f"layer_{i}", kernel_init=_kernel(("embed", "mlp")),
+                                        recurrent_kernel_init=_kernel(("embed", "mlp"), RECURRENT_INIT), **kw)
             h = nn.RNN(cell, reverse=self.reverse, keep_order=True)(x, seq_lengths=lengths)
             h = h + x if i > 0 else h  # the residual connection between layers
             x = nn.Dropout(c.dropout_rate, deterministic=not enable_dropout)(h)
