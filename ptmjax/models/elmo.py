@@ -16,13 +16,13 @@ Layers exposed to probing (`layer_representations`): the token encoder's output 
 each as [forward; backward] (the token encoder's twice), [num_layers + 1, b, s, 2 * hidden_dim].
 
 Sharding: the LSTM kernels are on ('embed', 'mlp') like the rest of the model, and each step's carry (c, h) is
-constrained to ('activation_batch', 'activation_embed') (`BatchShardedLstmCell`). Without that constraint XLA's SPMD
-partitioner (jax 0.10.2, CPU) computes wrong gradients for a scanned recurrence whose kernels are sharded on
-(fsdp, tensor) and whose outputs feed a projection sharded the same way, given a batch sharded over (data, fsdp):
-a (data=2, fsdp=2, tensor=2) SGD step moved the character embedding 63% off one device's update while the
-loss was equal. Constraining the carry each step returns fixes it (in a standalone repro); the incoming carry
-alone, the scan's outputs or the kernels inside the loop do not. (A `jit(grad)` that closes over the batch,
-instead of taking it as an argument, is right: the closed-over batch is not partitioned the same way.)
+constrained to ('activation_batch', 'activation_embed') (`BatchShardedLstmCell`). Without that constraint a
+(data=2, fsdp=2, tensor=2) SGD step moved the character embedding 63% off one device's update while the loss was
+equal: XLA's SPMD partitioner (jax 0.10.2, CPU) gets gradients wrong when an activation between two kernels
+sharded on (fsdp, tensor) is left unconstrained with the batch sharded over (data, fsdp), at widths of 64-128 and
+up (a two-matmul MLP shows it; a scan is not needed). Pinning the activation to batch sharding fixes it: here the
+carry each step returns. (A `jit(grad)` that closes over the batch instead of taking it as an argument is right:
+the closed-over batch is not partitioned the same way.)
 
 Scaled down from the paper (4096-cell LSTMs projected to 512, 2048 filters): no cell clipping and no LSTM
 projection; the tiny config is gin_configs/models/elmo_tiny.gin.
