@@ -42,6 +42,7 @@ def logged_steps(model_dir):
         return [json.loads(line)["step"] for line in f if line.strip()]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_a_rerun_resumes(tmp_path):
     model_dir = str(tmp_path / "run")
     process = start_training(model_dir, "train.num_steps = 100000")
@@ -148,6 +149,7 @@ def run_cli(*args, **env):
     return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_bad_binding_prints_one_line_and_no_start_up_noise():
     result = run_cli("train", "--gin_bindings=train.num_step = 5")
     assert result.returncode == 1
@@ -162,6 +164,7 @@ def test_a_bad_binding_prints_one_line_and_no_start_up_noise():
     pytest.param(["train", "--gin_file=runs/dmeo.gin", "--traceback"], {}, marks=pytest.mark.slow),
     pytest.param(["train", "--gin_file=runs/dmeo.gin"], {"PTMJAX_TRACEBACK": "1"}, marks=pytest.mark.slow),
 ])
+@pytest.mark.slow
 def test_traceback_on_request(args, env):
     result = run_cli(*args, **env)
     assert result.returncode == 1

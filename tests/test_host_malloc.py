@@ -98,6 +98,7 @@ def test_a_threads_freed_memory_is_reused_without_page_faults():
     assert _faults(THREAD_SECOND_ROUND_FAULTS, "1") < pages // 100
 
 
+@pytest.mark.slow
 def test_a_jax_programs_buffers_are_reused_without_page_faults():
     pages = (128 << 20) // os.sysconf("SC_PAGE_SIZE")
     one_device = {"XLA_FLAGS": ""}

@@ -23,6 +23,7 @@ def stderr_of_import(**env):
     return result.stderr
 
 
+@pytest.mark.slow
 def test_importing_ptmjax_prints_no_tensorflow_start_up_lines():
     stderr = stderr_of_import()
     assert not [line for line in START_UP_LINES if line in stderr], stderr
@@ -73,6 +74,7 @@ def imports_report(scope: str) -> dict:
     return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("REPORT"))[6:])
 
 
+@pytest.mark.slow
 def test_the_command_line_imports_tensorflow_without_kerass_extras_which_import_normally_after_it():
     report = imports_report("cli")
     # Neither TensorFlow nor a training run's modules imported them (tensorflow_datasets imports PIL's tiny

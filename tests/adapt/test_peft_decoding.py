@@ -40,6 +40,7 @@ def greedy(model, params, name: str, prompts: np.ndarray) -> np.ndarray:
     pytest.param("adapters", "bart", marks=pytest.mark.slow), ("p_tuning", "t5"), ("p_tuning", "gpt2"),  # family-blind
     ("prefix", "t5"), ("prefix", "gpt2"), ("prefix", "bart"),
 ])
+@pytest.mark.slow
 def test_greedy_decoding_equals_the_uncached_loop(method, name):
     make, pattern = METHODS[method]
     model = make(MODELS[name])

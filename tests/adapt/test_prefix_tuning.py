@@ -30,6 +30,7 @@ def keys_and_values(model, params, tokens) -> jax.Array:
     ])
 
 
+@pytest.mark.slow
 def test_prefixes_of_a_real_texts_keys_and_values_compute_gpt2_on_that_text_prepended():
     base, n = MODELS["gpt2"], TEXT.shape[1]
     params = init_params(base)
@@ -96,6 +97,7 @@ def test_scanned_layers_and_folding_a_model_without_mlp_are_refused():
         prefix_tuning(MODELS["gpt2"], 3, hidden=0)
 
 
+@pytest.mark.slow
 def test_rematerialised_layers_get_the_same_gradients():
     base = MODELS["gpt2"]
     remat = base.clone(config=dataclasses.replace(base.config, remat_policy="full"))

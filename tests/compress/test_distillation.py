@@ -70,6 +70,7 @@ def sown(module, params, batch):
     return np.asarray(logits, np.float64), encoder
 
 
+@pytest.mark.slow
 def test_the_objective_equals_float64_terms_from_both_models_own_outputs(tmp_path):
     """Teacher 2 + 2 layers, student 1 + 1 (the uniform map: student layer 0 learns from teacher layer 1)."""
     teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
@@ -142,6 +143,7 @@ def test_the_patient_loss_equals_float64_bert_pkd_on_the_first_positions(tmp_pat
     assert float(metrics["distill_hidden"]) > 1e-3
 
 
+@pytest.mark.slow
 def test_a_copy_of_the_teacher_has_zero_distillation_loss_and_trains_as_on_the_family_loss(tmp_path):
     teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
     objective = Distillation(teacher_dir, hard_weight=1.0, soft_weight=1.0, hidden_weight=1.0, attention_weight=1.0,
@@ -198,6 +200,7 @@ def test_the_teacher_stays_bit_identical_and_has_no_optimizer_state(tmp_path):
     assert int(state.step) == 3
 
 
+@pytest.mark.slow
 def test_the_chunked_soft_loss_equals_the_plain_one(tmp_path):
     teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
     objective = Distillation(teacher_dir, teacher=EncoderDecoder(TEACHER), temperature=3.0)
@@ -230,6 +233,7 @@ def check_two_sharded_steps_equal_one_device(student, objective, metric="loss"):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), sharded_params, one_params)
 
 
+@pytest.mark.slow
 def test_sharded_distillation_equals_one_device(tmp_path):
     teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
     objective = Distillation(teacher_dir, teacher=EncoderDecoder(TEACHER), hidden_weight=0.5, attention_weight=0.5)
@@ -281,6 +285,7 @@ def test_a_teacher_of_another_shape_or_width_is_refused_naming_the_fix(tmp_path)
         trainer_of(EncoderDecoder(STUDENT), Distillation(teacher_dir, teacher=wide, hidden_weight=1.0))
 
 
+@pytest.mark.slow
 def test_a_teacher_of_another_family_with_the_same_vocabulary_distils_its_logits(tmp_path):
     """A T5 teacher and a BART student read the same sequence-to-sequence batches: the soft term equals float64
     KL of the two models' own logits on them."""

@@ -48,6 +48,7 @@ def projected_term(batch, student, teacher, w):
     return term, gradient, weights.sum()
 
 
+@pytest.mark.slow
 def test_the_projected_hidden_loss_and_its_gradient_equal_float64(tmp_path):
     teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
     objective = Distillation(teacher_dir, teacher=EncoderDecoder(TEACHER), hard_weight=0.0, soft_weight=0.0,
@@ -103,6 +104,7 @@ def test_unequal_widths_and_unread_projections_are_one_line_errors_naming_the_fi
                    Distillation(teacher_dir, teacher=teacher, hidden_weight=1.0, hidden_loss="mse"))
 
 
+@pytest.mark.slow
 def test_a_scheduled_weight_is_read_at_the_runs_step_count(tmp_path):
     """The soft term's weight from a linear schedule at the stored step count equals a constant weight of that
     value on the same state; the count advances with each finite step."""
@@ -161,6 +163,7 @@ def test_the_tinybert_demo_trains_the_layers_first_then_the_logits_of_a_narrower
                        "hard_weight": [0, 0, 1, 1], "soft_weight": [0, 0, 1, 1]}
 
 
+@pytest.mark.slow
 def test_a_sharded_projected_student_with_a_scheduled_weight_equals_one_device(tmp_path):
     teacher_dir = teacher_folder(tmp_path, EncoderDecoder(TEACHER))
     objective = Distillation(teacher_dir, teacher=EncoderDecoder(TEACHER), hidden_loss="mse", attention_weight=0.5,

@@ -113,6 +113,7 @@ def cross_entropies(logits, labels):
 
 
 @pytest.mark.parametrize("weighting, weights", [("pabee", np.array([1, 2, 3]) / 6), ("deebert", np.array([1, 1, 0]))])
+@pytest.mark.slow
 def test_the_training_loss_is_the_weighted_sum_of_the_exits_cross_entropies(weighting, weights):
     model = exit_model()
     trainer, spec = trainer_of(model, ExitLoss(weighting))
@@ -239,6 +240,7 @@ def test_deeberts_second_stage_trains_the_exits_alone():
     assert {k.split("/")[0] for k in moved} == {"exits_0", "exits_1"}
 
 
+@pytest.mark.slow
 def test_sharded_training_steps_equal_one_device():
     """SGD: Adam and Adafactor divide each gradient by its own size, which magnifies the rounding of the
     gradients that are zero in exact arithmetic (the attention key biases)."""
@@ -308,6 +310,7 @@ def test_the_demo_run_files_bind_exits_and_their_losses():
             gin.clear_config()
 
 
+@pytest.mark.slow
 def test_a_gin_run_trains_the_exits_and_its_evaluation_reports_score_and_layers(tmp_path):
     """runs/early_exit_demo.gin from a fresh BERT (no init checkpoint), 3 steps; the report at threshold 0 is
     `ptmjax eval`'s score with every layer used, at an infinite threshold every example leaves at layer 1."""

@@ -87,6 +87,7 @@ def test_the_forward_pass_is_the_float_model_on_numpy_dequantized_kernels(weight
 
 
 @pytest.mark.parametrize("weights, tile", [("int8", None), ("int4", 16), ("ternary", None), ("nf4", 16)])
+@pytest.mark.slow
 def test_gradients_are_straight_through_the_float_model_at_the_quantized_kernels(weights, tile):
     model, params = EncoderDecoder(CONFIG), float_params()
     qat = fake_quantized(model, weights, tile_size=tile)
@@ -162,6 +163,7 @@ def test_quantizing_a_qat_run_stores_the_integers_it_trained_with(tmp_path, caps
     assert f"trained with fake quantization weights={weights!r}, not 'int8'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_fake_quantized_student_distils_from_its_float_model(tmp_path):
     """TernaryBERT: the ternary student's default teacher is its own float architecture, and a student that
     starts as the teacher's copy has a soft loss from quantization alone."""

@@ -203,6 +203,7 @@ def test_a_dropped_layer_gets_zero_gradient(scan_layers, remat_policy):
         assert (max(norms) == 0) == dropped, (i, drops, norms)
 
 
+@pytest.mark.slow
 def test_a_sharded_layerdrop_step_equals_one_device():
     config = dataclasses.replace(T5, dropout_rate=0.1, layerdrop=0.4, decoder_layerdrop=0.6)
     results = []

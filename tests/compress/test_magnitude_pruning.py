@@ -71,6 +71,7 @@ def test_the_cubic_schedule_is_zhu_and_guptas():
 
 
 @pytest.mark.parametrize("scope", ["global", "tensor"])
+@pytest.mark.slow
 def test_masks_prune_exact_counts_as_a_numpy_sort_does_scanned_or_not(scope):
     pruning = MagnitudePruning(0.5, begin_step=1, scope=scope)
     plain_trainer, _ = trainer_and_batches(pruning, steps=0)
@@ -123,6 +124,7 @@ def test_pruned_weights_stay_exactly_zero_and_reach_the_target_through_steps():
     assert all(np.count_nonzero(dict(leaves_by_path(states[-1].params))[p]) > 0 for p in untargeted)
 
 
+@pytest.mark.slow
 def test_one_shot_pruning_applies_before_the_first_step_and_to_an_init_checkpoints_params():
     pruning = MagnitudePruning(0.5)
     trainer, batches = trainer_and_batches(pruning, steps=1)
@@ -161,6 +163,7 @@ def test_rewinding_resets_the_survivors_to_their_initial_values():
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(moved), jax.tree.leaves(start), strict=True))
 
 
+@pytest.mark.slow
 def test_a_sharded_pruned_run_equals_one_device():
     pruning = MagnitudePruning(0.5, begin_step=1, end_step=3, frequency=1, scope="tensor")
     results = []
@@ -173,6 +176,7 @@ def test_a_sharded_pruned_run_equals_one_device():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), sharded.params, single.params)
 
 
+@pytest.mark.slow
 def test_a_resumed_pruned_run_equals_a_straight_one(tmp_path):
     pruning = MagnitudePruning(0.6, begin_step=1, end_step=5, frequency=2)
     run(tmp_path / "straight", num_steps=6, extra_state=[pruning])

@@ -158,6 +158,7 @@ def masked_reference(model, params, ids, alive_after):
 
 
 @pytest.mark.parametrize("name", ["bert", "roberta"])
+@pytest.mark.slow
 def test_a_gradient_step_equals_the_same_step_on_the_masked_reference(name):
     config = CONFIGS[name]
     model = power_bert(classifier(name), DROPPING)
@@ -179,6 +180,7 @@ def test_a_gradient_step_equals_the_same_step_on_the_masked_reference(name):
     assert float(jnp.abs(got["layers_2"]["mlp"]["wi"]["kernel"]).max()) > 1e-4
 
 
+@pytest.mark.slow
 def test_sharded_training_steps_equal_one_device():
     """SGD, as in the early-exit test: Adam and Adafactor magnify the rounding of gradients that are zero."""
     check_sharded_steps_equal_one_device(power_bert(classifier("roberta"), [8, 6, 3]), None)

@@ -67,6 +67,7 @@ def logits(model, params):
                        enable_dropout=False)
 
 
+@pytest.mark.slow
 def test_qlora_trains_as_lora_on_the_dequantized_float_model_and_keeps_its_base():
     q_model, q_params = nf4_model_and_params()
     qlora = lora(q_model, rank=4, targets=LORA_TARGETS)

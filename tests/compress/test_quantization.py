@@ -69,6 +69,7 @@ def test_kernels_quantize_as_float64_numpy_absmax(weights, tile, shape, contract
 
 
 @pytest.mark.parametrize("weights, tile", [("int8", None), ("int4", None), ("int4", 8)])
+@pytest.mark.slow
 def test_weight_only_model_equals_the_float_model_on_its_dequantized_kernels(weights, tile):
     model = EncoderDecoder(CONFIG)
     params = float_params(model)
@@ -94,6 +95,7 @@ def test_weight_only_model_equals_the_float_model_on_its_dequantized_kernels(wei
 
 
 @pytest.mark.parametrize("activations", [None, "int8"])
+@pytest.mark.slow
 def test_the_quantized_model_equals_qwix_ptq_of_the_float_model(activations):
     """qwix's own PTQ (its interception of jax.lax.dot_general, the op ptmjax's Dense uses) of the float model."""
     model = EncoderDecoder(CONFIG)
@@ -147,6 +149,7 @@ def test_a_fresh_quantized_model_keeps_logical_axes_and_quantizes_its_float_init
     jax.tree.map(np.testing.assert_array_equal, fresh, expected)
 
 
+@pytest.mark.slow
 def test_scanned_quantized_layers_equal_unscanned_ones():
     model, scanned = EncoderDecoder(CONFIG), EncoderDecoder(CONFIG.with_scan_layers(True))
     params = float_params(model)

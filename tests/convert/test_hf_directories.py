@@ -119,6 +119,7 @@ def test_bad_directories_name_the_problem(tmp_path):
         hf.load(str(tmp_path / "hf"))
 
 
+@pytest.mark.slow
 def test_cli_convert_both_ways_and_fine_tune_from_the_import(tmp_path):
     original = saved_hf_model("gpt2", tmp_path / "hf")
     ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")

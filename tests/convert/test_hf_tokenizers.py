@@ -154,6 +154,7 @@ def test_folders_without_a_vocabulary_say_so(tmp_path):
         gin_files.folder_generation_ids(ModelDir(str(tmp_path)))
 
 
+@pytest.mark.slow
 def test_an_import_fine_tunes_on_text_with_its_own_tokenizer(tmp_path):
     """A Hugging Face T5 with its own SentencePiece model, imported, trains on text files through gin
     alone: the task's vocabulary is the imported folder's (`folder_vocabulary`), not ptmjax's."""
@@ -194,6 +195,7 @@ def test_an_import_fine_tunes_on_text_with_its_own_tokenizer(tmp_path):
     assert gin_files.folder_generation_ids(ModelDir(str(run))) == import_ids
 
 
+@pytest.mark.slow
 def test_a_byt5_folder_imports_loads_and_exports_with_its_byte_vocabulary(tmp_path):
     """ByT5 (T5 v1.1 over bytes) saves only a tokenizer_config.json naming ByT5Tokenizer: it reads as seqio's
     ByteVocabulary, which encodes as ByT5Tokenizer does, and decodes greedily as generate does."""

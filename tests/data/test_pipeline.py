@@ -34,6 +34,7 @@ def short_examples_task() -> str:
     return name
 
 
+@pytest.mark.slow
 def test_shapes_and_dtypes():
     (packed,) = batches(pretraining.PRETRAIN_MIXTURE, 1)
     assert sorted(packed) == sorted(PACKED)
@@ -58,6 +59,7 @@ def check_segments(tokens, segments, positions):
             assert row_tokens[where][-1] == 1  # each packed example ends with EOS
 
 
+@pytest.mark.slow
 def test_packing_segments_and_positions(short_examples_task):
     multi_segment_rows = 0
     for b in batches(short_examples_task, 3, batch_size=8):
@@ -73,6 +75,7 @@ def test_packing_segments_and_positions(short_examples_task):
     assert multi_segment_rows > 0
 
 
+@pytest.mark.slow
 def test_deterministic_per_seed():
     first = batches(pretraining.STDLIB_TASK, 2, seed=5)
     again = batches(pretraining.STDLIB_TASK, 2, seed=5)
@@ -83,6 +86,7 @@ def test_deterministic_per_seed():
     assert not np.array_equal(first[0]["encoder_input_tokens"], other[0]["encoder_input_tokens"])
 
 
+@pytest.mark.slow
 def test_no_autotune_thread_and_the_same_batches_as_with_one():
     """Deleting an iterator could wait out the autotuning thread's period (up to 60 s) at the end of a run."""
     make = functools.partial(pipeline.get_dataset, pretraining.STDLIB_TASK, "train", LENGTHS, 4, seed=3, shuffle=True)
@@ -95,6 +99,7 @@ def test_no_autotune_thread_and_the_same_batches_as_with_one():
             np.testing.assert_array_equal(got[k], want[k])
 
 
+@pytest.mark.slow
 def test_seqio_advice_to_cache_a_shuffled_task_is_dropped_while_building_a_pipeline(caplog):
     """A restart skips to its position in the same seeded pipeline, so seqio's advice does not apply."""
     task = seqio.get_mixture_or_task(pretraining.STDLIB_TASK)
@@ -137,6 +142,7 @@ def test_validation_is_finite_and_decodes_to_validation_text():
     assert sum(w in words for w in text.split()) > 0.5 * len(text.split())
 
 
+@pytest.mark.slow
 def test_byte_mixture_and_shards():
     (b,) = batches(pretraining.PRETRAIN_BYTE_MIXTURE, 1)
     assert b["encoder_input_tokens"].max() < 359 and b["decoder_target_tokens"].max() == 358  # <extra_id_0>

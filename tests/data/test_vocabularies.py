@@ -56,6 +56,7 @@ def test_trained_on_first_use_then_loaded_from_cache(tmp_path, monkeypatch):
     assert [p.name for p in path.parent.iterdir() if p.suffix == ".model"] == [path.name]  # no temp leftovers
 
 
+@pytest.mark.slow
 def test_importing_the_registry_does_not_train(tmp_path):
     env = {**os.environ, "PTMJAX_CACHE_DIR": str(tmp_path)}
     code = ("import ptmjax.tasks.pretraining, seqio; "

@@ -52,6 +52,7 @@ def test_every_pretraining_objective_is_registered_without_autograph():
 
 
 @pytest.mark.parametrize("name", tasks_without_autograph())
+@pytest.mark.slow
 def test_the_examples_equal_those_built_with_autograph(name):
     task = seqio.TaskRegistry.get(name)
     reference = seqio.Task(

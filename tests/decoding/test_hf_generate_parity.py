@@ -224,6 +224,7 @@ def test_greedy_and_beam_equal_hf_generate(name):
 # LongT5's rows run with -m slow: its decoder and beam search are T5's, which the default run covers.
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if "longt5" in n else n
                                   for n in sorted(CASES)])
+@pytest.mark.slow
 def test_beam_search_with_hf_length_penalties_equals_hf_generate(name):
     """A model from Hugging Face (its generation ids carry `length_penalty`) ranks finished beams by
     sum(log p) / length ** length_penalty and stops by generate's heuristic: the default 1.0 (beams finish at

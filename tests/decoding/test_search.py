@@ -31,6 +31,7 @@ def model(request):
 @pytest.mark.parametrize(
     "limit", [dict(temperature=1e-4), dict(top_k=1), dict(top_p=1e-6)], ids=["temperature", "top_k", "top_p"]
 )
+@pytest.mark.slow
 def test_sampling_limits_equal_greedy(model, limit):
     module, params, decode, greedy = model
     config = DecodeConfig(method="sample", max_decode_length=LENGTH, num_decodes=2, **limit)

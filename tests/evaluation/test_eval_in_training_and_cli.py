@@ -59,6 +59,7 @@ def eval_cli(*args):
         gin.clear_config()
 
 
+@pytest.mark.slow
 def test_training_logs_task_metrics_and_keeps_the_best_step(run_dir):
     values = logged(run_dir, f"eval_{BEST}")
     assert sorted(values) == [1, 2, 3] and len(set(values.values())) == 3
@@ -72,6 +73,7 @@ def test_training_logs_task_metrics_and_keeps_the_best_step(run_dir):
     assert ModelDir(run_dir).saved_steps() == [3]  # the run's newest checkpoint stays
 
 
+@pytest.mark.slow
 def test_eval_cli_on_best_reproduces_the_logged_metrics(run_dir, capsys):
     best_dir = os.path.join(run_dir, "best")
     step = json.load(open(os.path.join(best_dir, "best.json")))["step"]

@@ -112,6 +112,7 @@ def context_and_choice_ids(model, text: str, choice: str) -> tuple[list[int], li
     return [*map(int, vocabulary.encode(text)), vocabulary.eos_id], [int(i) for i in vocabulary.encode(f" {choice}")]
 
 
+@pytest.mark.slow
 def test_multiple_choice_accuracy_equals_rank_classification(model, tmp_path):
     """Each request's log-likelihood is `LoadedModel.score` of its ids, and `acc` the rank classification accuracy.
     A random model ranks the module names by length, not text: every other row's gold label is the model's own
@@ -142,6 +143,7 @@ def test_multiple_choice_accuracy_equals_rank_classification(model, tmp_path):
         assert float(np.mean(own.argmax(axis=1) == gold)) == ranked
 
 
+@pytest.mark.slow
 def test_generation_exact_match_equals_greedy_decodes(model, tmp_path):
     """Half the targets are ptmjax's own greedy decodes cut at UNTIL, half the module names: exact_match is the
     share of the decodes that equal their target, and every prediction is a decode."""
@@ -200,6 +202,7 @@ def windowed_log_likelihood(model, ids: list[int], prefix: int, window: int) -> 
     return total
 
 
+@pytest.mark.slow
 def test_rolling_log_likelihood_of_a_text_longer_than_the_window(model):
     from lm_eval.api.instance import Instance
 

@@ -59,6 +59,7 @@ def test_candidate_log_likelihoods_match_a_float64_reference(model_and_params):
     np.testing.assert_array_equal(scores.argmax(axis=1), want.argmax(axis=1))
 
 
+@pytest.mark.slow
 def test_decoder_only_candidates_follow_their_example_as_a_bidirectional_prefix():
     """GPT-2 reads example + candidate as one row; the prefix (the inputs, and the first shifted-in
     position) attends both ways, and only the candidate's tokens are scored."""

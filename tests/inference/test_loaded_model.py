@@ -25,6 +25,7 @@ def padded(rows):
     return array
 
 
+@pytest.mark.slow
 def test_generate_equals_model_api_predict_on_hand_built_rows(t5_model):
     vocab, texts = t5_model.vocabulary, TEXTS[:3]
     config = DecodeConfig(method="beam", num_beams=3, num_decodes=2, max_decode_length=LENGTH)
@@ -61,6 +62,7 @@ def test_score_equals_model_api_score_and_float64_numpy(t5_model):
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_batches_of_any_size_equal_one_input_at_a_time(t5_model):
     """5 inputs in batches of 2 (the last padded with a copy) match one input at a time (in one padded batch)."""
     config, texts, targets = DecodeConfig(max_decode_length=LENGTH), TEXTS[:5], TARGETS[:5]

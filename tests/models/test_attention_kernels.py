@@ -87,6 +87,7 @@ def test_dot_product_attention_equals_einsum(case):
 
 
 @pytest.mark.parametrize("case", ["t5", "gpt2"])
+@pytest.mark.slow
 def test_cached_greedy_decoding_equals_einsum(case):
     config, batch, ids = {
         "t5": (T5, {"encoder_input_tokens": tokens(6, SEGMENTS)}, GenerationIds(1, 0, decoder_start_token_id=0)),

@@ -189,6 +189,7 @@ MODEL_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(MODEL_CASES))
+@pytest.mark.slow
 def test_model_logits_and_gradients_equal_einsum(plans, case):
     model_class, config, batch = MODEL_CASES[case]
     batch = {name: jnp.asarray(value, jnp.int32) for name, value in batch.items()}

@@ -153,6 +153,7 @@ def encoder_family_outputs_and_grads(name: str, remat_policy: str = "none", scan
        for name in ENCODER_FAMILY),
      ("bart", "full", True), ("albert_2_groups_of_2", "full", True)],
 )
+@pytest.mark.slow
 def test_remat_and_scan_keep_bart_and_encoder_outputs_and_gradients(name, remat_policy, scan_layers):
     want_value, want_outputs, want_grads = encoder_family_outputs_and_grads(name)
     value, outputs, grads = encoder_family_outputs_and_grads(name, remat_policy, scan_layers)
@@ -177,6 +178,7 @@ def test_scan_of_bart_and_shared_encoder_layers_inverts(name):
     jax.tree.map(np.testing.assert_array_equal, unscan(scanned, config), params)
 
 
+@pytest.mark.slow
 def test_joint_electra_scans_both_stacks():
     """The generator and the discriminator scan together; the joint model equals the plain one (samples too)."""
     discriminator = ELECTRA

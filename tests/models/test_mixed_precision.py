@@ -210,6 +210,7 @@ def sharded_step(config, mesh_config: MeshConfig, single_device: bool, rows: int
 
 
 @pytest.mark.parametrize("config", [T5, GPT], ids=["t5", "gpt2"])
+@pytest.mark.slow
 def test_bf16_step_sharded_with_scan_and_remat_equals_one_device(config):
     config = dataclasses.replace(config, dtype="bfloat16", scan_layers=True, remat_policy="save_dot_products")
     want_loss, want_params = sharded_step(config, MeshConfig(), single_device=True)
@@ -270,6 +271,7 @@ def test_bf16_moe_experts_track_float32_and_their_backward_dots_are_bf16():
     assert dtypes == {("bfloat16", "bfloat16"), ("float32", "float32")}
 
 
+@pytest.mark.slow
 def test_bf16_moe_step_on_the_expert_mesh_equals_one_device():
     """Top-2 experts in every layer, 8 experts over (expert=8)."""
     config = dataclasses.replace(T5, dtype="bfloat16", num_experts=8, moe_every=1, moe_top_k=2)

@@ -171,6 +171,7 @@ def initializer(config: T5Config | GPT2Config) -> Callable[[], dict]:
 
 
 @pytest.mark.parametrize("name,experts", [("switch_base_8", 8), ("switch_base_16", 16)])
+@pytest.mark.slow
 def test_switch_base_param_count(name, experts, t5_config):
     config = t5_config(name)
     assert (config.num_experts, config.moe_every, config.moe_top_k) == (experts, 2, 1)

@@ -173,6 +173,7 @@ def test_the_pretraining_model_has_mpnets_parameters_and_refuses_what_its_layers
             jax.eval_shape(model.init, jax.random.key(0), tokens, positions, loss_mask)
 
 
+@pytest.mark.slow
 def test_on_the_tasks_rows_each_query_reads_its_own_mask_and_never_its_token():
     """End to end on `ptmjax_stdlib_masked_permuted_lm` through its feature converter (tiny gin config, pad id 1):
     query k's logits change with its mask slot's token and never with the token it predicts."""

@@ -59,6 +59,7 @@ def assert_close_to_einsum(inputs_q, inputs_kv, mask: AttentionMask, **layer):
     assert_attention_close_to_einsum("pallas_tpu_flash", inputs_q, inputs_kv, mask, (HEADS, HEAD_DIM), **layer)
 
 
+@pytest.mark.slow
 def test_packed_causal_attention_without_a_bias_takes_segment_ids_and_causal_and_no_bias(kernel_calls):
     # GPT-2's mask: 200 positions pad to two blocks of 128 (the kernel skips the one above the diagonal).
     ids, x = segments([(1, 90), (2, 100), (0, 10)], [(1, 150), (2, 50)]), random_normal(1, (2, 200, EMBED))
@@ -67,6 +68,7 @@ def test_packed_causal_attention_without_a_bias_takes_segment_ids_and_causal_and
 
 
 @pytest.mark.parametrize("bias", [None, "t5"])
+@pytest.mark.slow
 def test_packed_encoder_attention_with_and_without_t5s_bias(kernel_calls, bias):
     ids = jnp.asarray(SEGMENTS)
     bias = None if bias is None else random_normal(2, (1, HEADS, 6, 6))  # the relative-position bias [1, h, q, k]
@@ -90,6 +92,7 @@ def test_padding_without_packing_is_segment_zero(kernel_calls):
     assert kernel_calls == [{"ab": False, "segment_ids": True, "causal": False}]
 
 
+@pytest.mark.slow
 def test_packed_cross_attention_over_several_blocks(kernel_calls):
     # 130 queries and 200 keys pad to 256: two query and two key blocks of 128; encoder padding inside a row too.
     decoder_ids = segments([(1, 60), (2, 65), (0, 5)], [(1, 130)])
@@ -114,6 +117,7 @@ def test_masks_without_a_structured_form_fall_back_to_the_folded_bias(kernel_cal
     assert kernel_calls == [{"ab": True, "segment_ids": True, "causal": False}]  # ids of the block padding
 
 
+@pytest.mark.slow
 def test_sharded_layer_runs_the_kernel_per_device_and_equals_einsum():
     mesh = partitioning.make_mesh(partitioning.MeshConfig(data=2, fsdp=2, tensor=2))
     x, ids = random_normal(6, (4, 6, EMBED)), jnp.asarray(np.concatenate([SEGMENTS, SEGMENTS[1:2]]))

@@ -183,6 +183,7 @@ def test_rotation_probability(examples):
     assert abs(rotated - 0.3) < 0.08
 
 
+@pytest.mark.slow
 def test_composition_and_seeds(examples):
     config = {"permute_sentence_ratio": 1.0, "mask_ratio": 0.1, "delete_ratio": 0.1, "infill_ratio": 0.2}
     first = noised(examples[:30], seed=4, rotate_probability=0.5, **config)

@@ -118,6 +118,7 @@ def test_noise_density_and_mean_span_length(examples, corrupted):
     assert abs(mean_span - 3.0) < 0.3, mean_span
 
 
+@pytest.mark.slow
 def test_noise_is_spread_uniformly_over_positions():
     length, n = 568, 400
     seeds = tf.random.experimental.stateless_split([1, 2], 2 * n).numpy()

@@ -35,6 +35,7 @@ def message_start(model_dir) -> str:
     ["convert", "--from", "{run}", "--to-hf", "{out}/hf"],
     ["probe", "--model_dir", "{run}", "--out", "{out}/probe", "--max_length", "16"],
 ])
+@pytest.mark.slow
 def test_every_reader_names_the_damaged_step_in_one_line_and_offers_the_previous(damaged_run, tmp_path, capsys,
                                                                                  command):
     (tmp_path / "prompts.txt").write_text("def f(x):\n")
@@ -54,6 +55,7 @@ def test_ptmjax_load_names_it_and_reads_the_previous_step(damaged_run):
     assert ptmjax.load(str(damaged_run), step=2).source == f"{damaged_run} (step 2)"
 
 
+@pytest.mark.slow
 def test_a_step_deleted_while_it_is_read_is_named_as_such(tmp_path, monkeypatch):
     """What a reader of a folder being trained sees when the run's retention deletes the step it reads."""
     import shutil

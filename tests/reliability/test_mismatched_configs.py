@@ -38,6 +38,7 @@ def refusal(model_dir) -> str:
     ["convert", "--from", "{run}", "--to-hf", "{out}/hf"],
     ["probe", "--model_dir", "{run}", "--out", "{out}/probe", "--max_length", "16"],
 ])
+@pytest.mark.slow
 def test_every_reader_refuses_a_checkpoint_its_config_does_not_build(edited_run, tmp_path, capsys, command):
     (tmp_path / "prompts.txt").write_text("def f(x):\n")
     args = [a.format(run=edited_run, prompts=tmp_path / "prompts.txt", out=tmp_path) for a in command]

@@ -19,6 +19,7 @@ from ptmjax.storage.checkpoints import Checkpointer
 from ptmjax.training.nonfinite import NonFiniteError, NonFiniteMonitor, NonFinitePolicy
 
 
+@pytest.mark.slow
 def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_good_checkpoints(tmp_path, monkeypatch):
     poison_steps(monkeypatch, {3})
     with pytest.raises(NonFiniteError, match=r"^step 3 has loss=nan and grad_norm=nan; .*NonFinitePolicy.action"):
@@ -28,6 +29,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_good_checkpoints
     assert [r["step"] for r in records(tmp_path)] == [1, 2]  # the NaN step is not logged as progress
 
 
+@pytest.mark.slow
 def test_the_skip_policy_leaves_nan_steps_out_counts_them_and_saves_no_checkpoint_during_a_streak(
     tmp_path, monkeypatch, capsys
 ):
@@ -47,6 +49,7 @@ def test_the_skip_policy_leaves_nan_steps_out_counts_them_and_saves_no_checkpoin
     assert saved_checkpoint(tmp_path, 8)["data"] == {"batches_consumed": 8}  # the data moved past the skipped
 
 
+@pytest.mark.slow
 def test_metrics_jsonl_stays_strict_json_with_non_finite_values(tmp_path, monkeypatch):
     poison_steps(monkeypatch, {2})
     run(tmp_path, num_steps=3, nonfinite_policy=NonFinitePolicy(action="skip"))
@@ -59,6 +62,7 @@ def test_metrics_jsonl_stays_strict_json_with_non_finite_values(tmp_path, monkey
     assert parsed[1]["step"] == 2 and parsed[1]["loss"] is None and parsed[1]["grad_norm"] is None
 
 
+@pytest.mark.slow
 def test_a_streak_stop_names_the_last_good_checkpoint_and_how_to_resume_from_it(tmp_path, monkeypatch):
     poison_steps(monkeypatch, {5, 6, 7})
     policy = NonFinitePolicy(action="skip", max_consecutive_skips=3)
@@ -91,6 +95,7 @@ def test_resume_step_resumes_an_older_checkpoint_bitwise_and_sets_the_newer_asid
     assert steps == [1, 2, 3, 4, 5, 6]  # the records of steps 3-6 were dropped before they were replayed
 
 
+@pytest.mark.slow
 def test_resume_step_must_be_a_saved_step(tmp_path):
     run(tmp_path, num_steps=4)
     config = (tmp_path / "config.gin").read_text()
@@ -100,6 +105,7 @@ def test_resume_step_must_be_a_saved_step(tmp_path):
     assert saved_steps(tmp_path) == [2, 4] and (tmp_path / "config.gin").read_text() == config
 
 
+@pytest.mark.slow
 def test_a_non_finite_state_from_finite_gradients_is_never_saved(tmp_path):
     def schedule(count):  # the optimizer's count of updates: NaN for the fourth, the update of step 4
         return jnp.where(count >= 3, jnp.nan, 1e-3)

@@ -80,6 +80,7 @@ def test_a_validation_source_that_yields_nothing_fails_before_any_step(tmp_path,
     assert not model_dir.exists()
 
 
+@pytest.mark.slow
 def test_a_failed_evaluation_keeps_the_checkpoint_of_its_step(tmp_path, monkeypatch):
     class EvaluationFails(Trainer):
         def eval_stats(self, *args):
@@ -140,6 +141,7 @@ def test_zero_checkpoints_to_keep_is_named_as_the_train_binding(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_the_validation_check_reads_the_whole_split_not_this_hosts_shard(tmp_path):
     """A host whose validation shard is empty still runs: evaluation pads it (multihost.batches_in_lockstep)."""
     from ptmjax.data import pipeline

@@ -10,6 +10,7 @@ from reliability_helpers_a import records, run, saved_steps
 from ptmjax.storage.writable import FolderNotWritable
 
 
+@pytest.mark.slow
 def test_a_read_only_checkpoints_folder_stops_the_run_before_its_first_step(tmp_path, mount):
     run(tmp_path, num_steps=2)
     config, logged = (tmp_path / "config.gin").read_text(), records(tmp_path)

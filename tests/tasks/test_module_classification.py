@@ -78,6 +78,7 @@ def test_bert_style_inputs_are_masked_targets_are_the_text():
                                   seed=0, shuffle=False).as_numpy_iterator())
 
 
+@pytest.mark.slow
 def test_every_gin_run_registers_the_downstream_tasks():
     """A fresh process that imports what gin files rely on knows the tasks by name, with no extra import."""
     import subprocess

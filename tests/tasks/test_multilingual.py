@@ -90,6 +90,7 @@ def test_the_feature_converter_pads_every_field(registered):
             assert y[model_name].tolist() == x[task_name].tolist() + [0] * (LENGTH - len(x[task_name]))
 
 
+@pytest.mark.slow
 def test_mlm_rates_are_temperature_sampled_and_the_mixture_draws_them(registered):
     texts = {language: len(multilingual.multilingual_vocabulary.language_texts(LOCALES, "train")[language])
              for language in ("en", *LOCALES)}
@@ -108,6 +109,7 @@ def test_mlm_rates_are_temperature_sampled_and_the_mixture_draws_them(registered
         assert abs(drawn[language_id] / n - p) < 4 * math.sqrt(p * (1 - p) / n), (language, drawn, expected)
 
 
+@pytest.mark.slow
 def test_the_xlm_mixture_gives_batches_through_the_pipeline(registered):
     batch = next(pipeline.get_dataset(
         multilingual.XLM_MIXTURE, "train", {"inputs": 64, "targets": 64}, 8, seed=0, shuffle=True, pack=False,

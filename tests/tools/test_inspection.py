@@ -171,6 +171,7 @@ def test_html_for_notebooks(fsdp8):
     assert "P(&#x27;tensor&#x27;, &#x27;fsdp&#x27;)" in html
 
 
+@pytest.mark.slow
 def test_example_notebook_runs_top_to_bottom(tmp_path, monkeypatch, capsys):
     """Its code cells run in order, as a script, on this session's 8 devices."""
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # restored afterwards
@@ -196,6 +197,7 @@ def test_inspect_takes_a_relative_run_path(run_dir, monkeypatch, capsys):
     assert "token_embedder/embedding" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_minus_one_axis_fills_the_devices_the_run_saved_from_on_a_one_device_host(fsdp8, tmp_path):
     """A run saved on 8 devices with fsdp=-1 inspects in a fresh 1-device process as fsdp=8."""
     import subprocess

@@ -78,6 +78,7 @@ def test_the_written_folder_holds_the_sliced_params_and_its_export_is_refused(tm
     assert "holds a head-pruned model already" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_rounds_are_recorded_and_the_folder_computes_the_masked_full_model(tmp_path):
     """Half of 2 x 4 heads in two rounds of two: round 2 scores the model with round 1's heads masked (null in its
     normalised scores), and its choice is the lowest two of the others as head_importance.json records them."""
@@ -101,6 +102,7 @@ def test_rounds_are_recorded_and_the_folder_computes_the_masked_full_model(tmp_p
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_scanned_source_is_written_unscanned_as_its_unscanned_copy_is(tmp_path, capsys):
     scanned = dataclasses.replace(CONFIG, scan_layers=True)
     params = source_folder(tmp_path / "scanned", scanned)
@@ -158,6 +160,7 @@ def test_keep_shapes_exports_the_masked_model_to_transformers_at_logit_parity(tm
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_ptmjax_load_of_a_pruned_t5_scores_and_decodes_as_its_zeroed_full_size_copy(tmp_path):
     """Cached decoding reads each layer's kept heads of T5's shared relative-position bias."""
     import ptmjax

@@ -112,6 +112,7 @@ def one_sgd_step(model, loss_config: LossConfig, mesh_config: MeshConfig, single
 # -m slow: GPT-2's chunked loss is the same function; its unsharded gradients are compared above
 @pytest.mark.parametrize("model", [EncoderDecoder(T5_UNTIED), pytest.param(GPT2(GPT), marks=pytest.mark.slow)],
                          ids=["t5", "gpt2"])
+@pytest.mark.slow
 def test_sharded_chunked_step_equals_the_plain_step_on_one_device(model):
     want_params, want_metrics = one_sgd_step(model, PLAIN, MeshConfig(), single_device=True)
     chunked = dataclasses.replace(PLAIN, logits_chunk_size=4)

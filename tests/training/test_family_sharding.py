@@ -74,8 +74,9 @@ def train(run_file: str, mesh_config: MeshConfig, single_device: bool = False):
     return jax.device_get(state.params), metrics, first_update
 
 
-# ELECTRA's joint model runs with -m slow: its generator and discriminator are the BERT-family layers the others cover.
-RUN_FILES = [pytest.param(f, marks=pytest.mark.slow) if "electra" in f else f for f in sorted(FAMILIES)]
+# ELECTRA's joint model runs with -m slow: its generator and discriminator are the BERT-family layers the others cover;
+# ELMo's too (its scanned LSTMs compile for minutes on 8 emulated devices).
+RUN_FILES = [pytest.param(f, marks=pytest.mark.slow) if "electra" in f or "elmo" in f else f for f in sorted(FAMILIES)]
 
 
 @pytest.mark.parametrize("run_file", RUN_FILES)

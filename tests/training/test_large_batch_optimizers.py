@@ -135,6 +135,7 @@ SCANNED = dataclasses.replace(PLAIN, scan_layers=True)
 
 @pytest.mark.parametrize("optimizer", [lambda: lamb(LR, weight_decay=0.01), lambda: lars(LR, weight_decay=0.01)],
                          ids=["lamb", "lars"])
+@pytest.mark.slow
 def test_scanned_update_equals_unscanned_update(optimizer):
     """The trainer hands a scanned model's optimizer the unscanned layout: one trust ratio per layer's tensor."""
     rng = np.random.default_rng(0)

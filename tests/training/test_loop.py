@@ -58,6 +58,7 @@ def _targets():
     return trainer.abstract_state, trainer.state_shardings
 
 
+@pytest.mark.slow
 def test_stop_and_resume_equals_one_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     result = run(straight, num_steps=4)
@@ -104,6 +105,7 @@ def test_text_files_task_from_gin_alone(tmp_path):
         assert "ptmjax_text_files_span_corruption" in f.read()
 
 
+@pytest.mark.slow
 def test_the_train_step_is_traced_and_lowered_once_ahead_of_the_first_batch(tmp_path, monkeypatch):
     """The loop compiles its step for the run's abstract batch in a thread of its own while it initialises the
     state and builds the pipelines; the first step, on the real batch, finds that program in JAX's caches
@@ -159,6 +161,7 @@ def test_an_error_in_the_background_compile_is_the_runs_error(tmp_path, monkeypa
     assert not os.path.isdir(tmp_path / "checkpoints") or not os.listdir(tmp_path / "checkpoints")
 
 
+@pytest.mark.slow
 def test_a_run_whose_newest_checkpoint_already_ends_it_compiles_no_step(tmp_path, monkeypatch):
     run(tmp_path, num_steps=2)
     started = []
@@ -173,6 +176,7 @@ def test_a_run_whose_newest_checkpoint_already_ends_it_compiles_no_step(tmp_path
     assert started == []
 
 
+@pytest.mark.slow
 def test_step_times_leave_out_the_first_step_and_tensorboard_has_train_and_eval_runs(tmp_path, monkeypatch):
     """A fake clock: the first step (the compile) takes 100 s, later ones 1 s; evaluation no time."""
     clock = types.SimpleNamespace(now=0.0)

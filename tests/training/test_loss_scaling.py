@@ -59,6 +59,7 @@ def train(run: Trainer, steps: int, overflow_at: int | None = None, loss_weight:
 
 
 @pytest.mark.parametrize("num_microbatches", [1, 2])
+@pytest.mark.slow
 def test_in_float32_scaled_training_equals_unscaled_bit_for_bit(num_microbatches):
     scaled_states, scaled_metrics = train(trainer((DynamicLossScale(growth_interval=2),),
                                                   num_microbatches=num_microbatches), 4)

@@ -73,6 +73,7 @@ def test_the_ema_equals_a_float64_reference_and_leaves_training_unchanged(traina
     assert moved, "the EMA did not move from the initial parameters"
 
 
+@pytest.mark.slow
 def test_a_run_evaluates_its_ema_and_keeps_it_as_a_model_folder(tmp_path):
     result = run(tmp_path / "run", num_steps=4, ema_decay=DECAY, eval_every=2)
     assert {"eval_loss", "eval_ema_loss", "eval_ema_accuracy"} <= set(result.eval_metrics)
@@ -84,6 +85,7 @@ def test_a_run_evaluates_its_ema_and_keeps_it_as_a_model_folder(tmp_path):
     assert_trees_equal(folder.read_params(saved["extra"]["ema"]), saved["extra"]["ema"])
 
 
+@pytest.mark.slow
 def test_resuming_a_run_without_an_ema_with_one_names_the_difference(tmp_path):
     run(tmp_path, num_steps=2)
     with pytest.raises(ValueError, match="extra/ema/.* is absent there"):

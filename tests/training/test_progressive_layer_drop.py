@@ -30,6 +30,7 @@ def test_the_keep_schedule_is_zhang_and_hes():
         assert np.all(active) and float(pld.theta(step)) == pytest.approx(theta, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_keep_probability_one_trains_exactly_as_no_schedule():
     scheduled, batches = trainer_and_batches([ProgressiveLayerDrop(theta_bar=1.0)], steps=2)
     plain, _ = trainer_and_batches(steps=0)

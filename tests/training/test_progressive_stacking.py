@@ -46,6 +46,7 @@ def test_before_its_growth_the_deep_model_trains_as_the_shallow_one():
 
 
 @pytest.mark.parametrize("scan", [False, True])
+@pytest.mark.slow
 def test_the_growth_copies_each_layer_and_its_moments_exactly(scan):
     trainer, batches = trainer_and_batches([STACKING], config=CONFIG.with_scan_layers(scan), steps=2)
     _, state = train(trainer, batches[:1])
@@ -86,6 +87,7 @@ def test_evaluation_before_the_growth_runs_the_active_layers_only():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), jax.device_get(got), jax.device_get(want))
 
 
+@pytest.mark.slow
 def test_a_sharded_stacking_run_equals_one_device():
     """Three steps with the growth after the second, on (data=2, fsdp=2, tensor=2) and on one device.
 

@@ -122,6 +122,7 @@ def test_mesh_presets_lay_out_eight_devices_as_documented():
 @pytest.mark.parametrize(
     "name", [pytest.param(name, marks=[] if name == "dp_fsdp_tp" else [pytest.mark.slow]) for name in MESHES]
 )  # dp_fsdp_tp uses every axis by default; each axis alone runs with -m slow
+@pytest.mark.slow
 def test_sharded_run_matches_single_device(name, single_device):
     want_params, want_losses = single_device
     trainer, state, losses = train(MESHES[name])
@@ -148,12 +149,14 @@ def test_fsdp_shards_the_optimizer_state_too():
     assert full_size, "ZeRO: the full-size optimizer moments should be sharded over fsdp"
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_large_batch(single_device):
     want_params, want_losses = single_device
     _, state, losses = train(MeshConfig(data=4, fsdp=2), num_microbatches=2)
     assert_same_run(state, losses, want_params, want_losses)
 
 
+@pytest.mark.slow
 def test_bfloat16_activations_train_float32_parameters(single_device):
     """bf16 compute keeps float32 master weights and tracks the float32 run."""
     _, want_losses = single_device
@@ -196,6 +199,7 @@ def test_gpt2_sharded_matches_single_device():
     assert_same_run(state, losses, jax.device_get(want_state.params), want_losses)
 
 
+@pytest.mark.slow
 def test_a_mesh_with_a_new_axis_and_a_rule_for_it_trains_like_one_device(single_device):
     """A mesh axis that is only data (MeshConfig.axes) and a rule: the mlp dimension split over 'tensor' and a
     new 'stage' axis, on (data=2, fsdp=2, stage=2), equals one device's run."""

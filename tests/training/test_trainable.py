@@ -97,6 +97,7 @@ def test_frozen_parameters_keep_their_bits_and_have_no_optimizer_state(initial):
 
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["plain", "scanned"])
 @pytest.mark.parametrize("trainable", [BIASES, SECOND_LAYER], ids=["biases", "second_layer"])
+@pytest.mark.slow
 def test_sharded_frozen_training_equals_the_single_device_reference(initial, scan_layers, trainable):
     """Scanned layers hold both layers in one array: the frozen first layer gets a zero update."""
     got, _, _ = train(dataclasses.replace(PLAIN, scan_layers=scan_layers), trainable, initial, MOMENTUM_SGD)
