@@ -72,12 +72,9 @@ def main() -> None:
     compilation_cache.use_compilation_cache()
     results = compare(setting, REPO_DIR / "runs" / "compression" / setting.name)
     suffix = "" if setting.name == "reduced" else f"_{setting.name}"
-    (EXPERIMENT_DIR / f"results{suffix}.json").write_text(json.dumps(results, indent=1) + "\n")
     text = report.markdown(results)
-    (EXPERIMENT_DIR / f"results{suffix}.md").write_text(text)
-    report.plot(results, EXPERIMENT_DIR / f"compression{suffix}.png")
-    if setting.name == "reduced":  # the setting the README states
-        results_files.rewrite_tables(EXPERIMENT_DIR / "README.md", SCRIPT, tables())
+    results_files.publish(EXPERIMENT_DIR, suffix, results, text, report.plot, "compression",
+                          (SCRIPT, tables) if setting.name == "reduced" else None)  # the setting the README states
     print(text)
 
 

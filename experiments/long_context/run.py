@@ -540,13 +540,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.arms:
         setting = dataclasses.replace(setting, arms=tuple(a for a in setting.arms if a in args.arms.split(",")))
     results = {"measured": results_files.run_record(), **compare(setting, args.report_only)}
-    (EXPERIMENT_DIR / f"results_{setting.name}.json").write_text(json.dumps(results, indent=1) + "\n")
     text = header(results) + "\n" + lm_table(results) + "\n" + summary_table(results)
-    (EXPERIMENT_DIR / f"results_{setting.name}.md").write_text(f"# Long context: {setting.name} setting\n\n{text}")
-    plot(results, EXPERIMENT_DIR / f"long_context_{setting.name}.png")
-    readme = EXPERIMENT_DIR / "README.md"
-    if setting.name == "reduced" and readme.exists() and "<!-- table:" in readme.read_text():
-        results_files.rewrite_tables(readme, SCRIPT, tables())
+    results_files.publish(EXPERIMENT_DIR, f"_{setting.name}", results,
+                          f"# Long context: {setting.name} setting\n\n{text}", plot, "long_context",
+                          (SCRIPT, tables) if setting.name == "reduced" else None)  # the setting the README reports
     print(text)
 
 

@@ -332,13 +332,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     setting = SETTINGS["full" if args.full else args.setting]
     results = {"measured": results_files.run_record(), **compare(setting, RUNS_DIR / setting.name)}
-    (EXPERIMENT_DIR / f"results_{setting.name}.json").write_text(json.dumps(results, indent=1) + "\n")
     text = table(results)
-    title = f"# MoE against dense: {setting.name} setting\n\n"
-    (EXPERIMENT_DIR / f"results_{setting.name}.md").write_text(title + text)
-    plot(results, EXPERIMENT_DIR / f"moe_vs_dense_{setting.name}.png")
-    if setting.name == "reduced":  # the setting the README reports
-        results_files.rewrite_tables(EXPERIMENT_DIR / "README.md", SCRIPT, tables())
+    results_files.publish(EXPERIMENT_DIR, f"_{setting.name}", results,
+                          f"# MoE against dense: {setting.name} setting\n\n{text}", plot, "moe_vs_dense",
+                          (SCRIPT, tables) if setting.name == "reduced" else None)  # the setting the README reports
     print(text)
 
 

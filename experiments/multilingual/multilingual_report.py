@@ -209,11 +209,6 @@ def write(setting: Any, locales: Sequence[str], runs: list[dict[str, Any]], out_
         "majority": majority, "majority_mean": float(np.mean([v for k, v in majority.items() if k != "en"])),
         "runs": runs,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"results{suffix}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / f"results{suffix}.md").write_text(markdown(results))
-    plot(results, out_dir / f"multilingual{suffix}.png")
-    readme = out_dir / "README.md"
-    if setting.name == "reduced" and readme.exists():
-        results_files.rewrite_tables(readme, SCRIPT, tables(results))
+    results_files.publish(out_dir, suffix, results, markdown(results), plot, "multilingual",
+                          (SCRIPT, lambda: tables(results)) if setting.name == "reduced" else None)
     return results

@@ -387,12 +387,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
 
     results = {"measured": results_files.run_record(), **summarise(setting, args.model_gin, pretrained, finetuned)}
-    (EXPERIMENT_DIR / f"results{suffix}.json").write_text(json.dumps(results, indent=1) + "\n")
     text = markdown(results)
-    (EXPERIMENT_DIR / f"results{suffix}.md").write_text(text)
-    plot(results, EXPERIMENT_DIR / f"objective_comparison{suffix}.png")
-    if suffix in ("", "_lr0.003"):  # the results the README's tables state
-        results_files.rewrite_tables(EXPERIMENT_DIR / "README.md", SCRIPT, tables())
+    results_files.publish(EXPERIMENT_DIR, suffix, results, text, plot, "objective_comparison",
+                          (SCRIPT, tables) if suffix in ("", "_lr0.003") else None)  # what the README states
     print(text)
 
 

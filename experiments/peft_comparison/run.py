@@ -359,12 +359,10 @@ def main() -> None:
     parser.add_argument("--setting", choices=sorted(SETTINGS), default="reduced")
     setting = SETTINGS[parser.parse_args().setting]
     results = {**compare(setting), "measured": results_files.run_record()}
-    (EXPERIMENT_DIR / f"results_{setting.name}.json").write_text(json.dumps(results, indent=1))
-    (EXPERIMENT_DIR / f"results_{setting.name}.md").write_text(table(setting, results))
-    plot(results, EXPERIMENT_DIR / f"peft_comparison_{setting.name}.png")
-    if setting.name == "reduced":  # the setting the README reports
-        results_files.rewrite_tables(EXPERIMENT_DIR / "README.md", SCRIPT, tables())
-    print(table(setting, results))
+    text = table(setting, results)
+    results_files.publish(EXPERIMENT_DIR, f"_{setting.name}", results, text, plot, "peft_comparison",
+                          (SCRIPT, tables) if setting.name == "reduced" else None)  # the setting the README reports
+    print(text)
 
 
 if __name__ == "__main__":

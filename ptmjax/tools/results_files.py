@@ -17,6 +17,7 @@ import platform
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 
 ISAS = (("amx_tile", "AVX-512 with AMX"), ("avx512_bf16", "AVX-512 with BF16"), ("avx512f", "AVX-512"),
         ("avx2", "AVX2"))  # /proc/cpuinfo's flag -> the vector instructions it means, widest first
@@ -73,6 +74,21 @@ def with_tables(text: str, script: str, tables: dict[str, str]) -> str:
 def rewrite_tables(page: pathlib.Path, script: str, tables: dict[str, str]) -> None:
     """Rewrites `page`'s tables marked as `script`'s (see `with_tables`)."""
     page.write_text(with_tables(page.read_text(), script, tables))
+
+
+def publish(directory: pathlib.Path, stem: str, results: dict, markdown: str,
+            plot: Callable[[dict, pathlib.Path], None], plot_name: str,
+            readme: tuple[str, Callable[[], dict[str, str]]] | None = None) -> None:
+    """An experiment's results: `directory`/results`stem`.json and .md, the plot `plot_name``stem`.png and, with
+    `readme` = (script, tables), its README's tables marked as `script`'s rewritten (`tables()` may read the new
+    JSON file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"results{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (directory / f"results{stem}.md").write_text(markdown)
+    plot(results, directory / f"{plot_name}{stem}.png")
+    page = directory / "README.md"
+    if readme is not None and page.exists():
+        rewrite_tables(page, readme[0], readme[1]())
 
 
 def saved_entry(path: pathlib.Path, key: str, entry: dict) -> dict[str, dict]:
