@@ -13,8 +13,9 @@ from ptmjax.decoding.fill_blanks import fill_blanks
 from ptmjax.decoding.generation_ids import GenerationIds
 from ptmjax.decoding.predict import predict
 from ptmjax.decoding.prefill import decoder_only_prefill, encoder_decoder_prefill
+from ptmjax.decoding.segment_memory_prefill import segment_memory_prefill
 
 __all__ = [
     "DecodeConfig", "DecodeOutput", "GenerationIds", "blank_infilling_prefill", "decoder_only_prefill",
-    "encoder_decoder_prefill", "fill_blanks", "predict",
+    "encoder_decoder_prefill", "fill_blanks", "predict", "segment_memory_prefill",
 ]

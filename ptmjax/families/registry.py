@@ -104,8 +104,11 @@ BLANK_INFILLING = dataclasses.replace(
     predict=functools.partial(decoding.predict, decoding.blank_infilling_prefill),
 )
 # Transformer-XL: each row continues the row before it (its memory is carried by ptmjax/training/recurrent_memory.py);
-# no cached decoding yet.
-TRANSFORMER_XL = dataclasses.replace(DECODER_ONLY, converter=SEGMENT_STREAM_CONVERTER, predict=None)
+# decodes in segments after its memory with a bounded cache.
+TRANSFORMER_XL = dataclasses.replace(
+    DECODER_ONLY, converter=SEGMENT_STREAM_CONVERTER,
+    predict=functools.partial(decoding.predict, decoding.segment_memory_prefill),
+)
 MASKED_LM = Family(
     Kind.ENCODER, ConverterName(PTMJAX_CONVERTERS, "MaskedLmFeatureConverter"), token_inputs("input_tokens"),
     ("target_tokens", "loss_mask"), "target_tokens", "loss_mask", losses.masked_lm_loss,

@@ -28,7 +28,7 @@ from ptmjax.layers.embed import EMBED_INIT_STDDEV, Embed
 from ptmjax.layers.layer_stack import rematerialised
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
-from ptmjax.layers.xl_relative_attention import RelativeMultiHeadAttention
+from ptmjax.layers.xl_relative_attention import RecentKeys, RelativeMultiHeadAttention
 from ptmjax.models.config import ModelConfig, check_activation, check_heads_divide, check_positive_ints
 
 Array = jax.Array
@@ -45,6 +45,10 @@ class TransformerXLConfig(ModelConfig):
     (the paper's M). activation as GPT2Config's ('gelu' the tanh form). dropout_rate applies to embeddings
     and residual branches, attention_dropout_rate to attention probabilities. The layers run unscanned with
     the einsum kernel and no LayerDrop: each reads its own memory.
+    decode_segment_length: the segment length S of cached decoding (ptmjax/decoding/segment_memory_prefill.py):
+    the prompt and the generated tokens are read in segments of S after the memory, and the cache holds
+    memory_length + S - 1 keys and values per layer. 1 (the default): every token reads the memory_length
+    positions before it.
     """
 
     vocab_size: int
@@ -56,9 +60,11 @@ class TransformerXLConfig(ModelConfig):
     attention_dropout_rate: float = 0.1
     activation: str = "gelu"
     layer_norm_epsilon: float = dataclasses.field(default=1e-5, kw_only=True)
+    decode_segment_length: int = dataclasses.field(default=1, kw_only=True)
 
     def __post_init__(self) -> None:
-        check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "memory_length")
+        check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "memory_length",
+                            "decode_segment_length")
         check_heads_divide(self)
         check_activation(self)
         self.check_model_config("attention_dropout_rate")
@@ -101,14 +107,18 @@ class TransformerXLBlock(nn.Module):
     config: TransformerXLConfig
 
     @nn.compact
-    def __call__(self, x: Array, memory: Array, bias: Array, enable_dropout: bool = False) -> Array:
-        """x [b, t, embed], memory [b, m, embed] (its earlier inputs), bias [b, 1, t, m + t] -> [b, t, embed]."""
+    def __call__(
+        self, x: Array, memory: Array, bias: Array, enable_dropout: bool = False, cache: RecentKeys | None = None
+    ) -> Array:
+        """x [b, t, embed], memory [b, m, embed] (its earlier inputs), bias [b, 1, t, m + t] -> [b, t, embed];
+        decoding (`cache`): the attention also reads its cached keys and values first."""
         c = self.config
         drop = nn.Dropout(c.dropout_rate)
         normed = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(
             jnp.concatenate([memory.astype(x.dtype), x], axis=1))
         h = RelativeMultiHeadAttention(c.num_heads, c.head_dim, c.attention_dropout_rate, name="attention",
-                                       **dtype_kwargs(c))(normed[:, memory.shape[1]:], normed, bias, enable_dropout)
+                                       **dtype_kwargs(c))(normed[:, memory.shape[1]:], normed, bias, enable_dropout,
+                                                            cache)
         x = x + drop(h, deterministic=not enable_dropout)
         h = LayerNorm(c.layer_norm_epsilon, name="pre_mlp_layer_norm", **dtype_kwargs(c))(x)
         h = MlpBlock(c.d_ff, (c.activation,), 0.0, use_bias=True, name="mlp", **dtype_kwargs(c))(h, enable_dropout)
@@ -136,6 +146,19 @@ class TransformerXL(nn.Module):
         self.dropout = nn.Dropout(c.dropout_rate)
 
     @nn.compact
+    def run_layers(
+        self, x: Array, memory: Array, bias: Array, enable_dropout: bool = False, cache: RecentKeys | None = None
+    ) -> tuple[Array, Array]:
+        """The layers `layers_{n}` over embedded x [b, t, embed] after `memory` [layers, b, m, embed] (m may be 0)
+        -> (the last layer's output, each layer's input stacked [layers, b, t, embed])."""
+        c = self.config
+        layer = TransformerXLBlock if cache is not None else rematerialised(TransformerXLBlock, c.remat_policy, 2)
+        inputs = []
+        for n in range(c.num_layers):
+            inputs.append(x)
+            x = layer(c, name=f"layers_{n}")(x, memory[n], bias, enable_dropout, cache)
+        return x, jnp.stack(inputs)
+
     def hidden_states_and_memory(
         self, decoder_input_tokens: Array, memory: Memory | None = None, enable_dropout: bool = False
     ) -> tuple[Array, Memory]:
@@ -150,12 +173,8 @@ class TransformerXL(nn.Module):
         x = self.token_embedder(tokens)
         x = nn.with_logical_constraint(self.dropout(x, deterministic=not enable_dropout), HIDDEN_AXES)
         bias = memory_bias(filled, hidden.shape[2], length, x.dtype)
-        layer = rematerialised(TransformerXLBlock, c.remat_policy, 2)
-        inputs = []
-        for n in range(c.num_layers):
-            inputs.append(x)
-            x = layer(c, name=f"layers_{n}")(x, hidden[n], bias, enable_dropout)
-        states = jnp.concatenate([hidden, jnp.stack(inputs).astype(jnp.float32)], axis=2)
+        x, inputs = self.run_layers(x, hidden, bias, enable_dropout)
+        states = jnp.concatenate([hidden, inputs.astype(jnp.float32)], axis=2)
         if states.shape[2] < c.memory_length:  # fewer positions than slots: empty slots before them
             states = jnp.pad(states, ((0, 0), (0, 0), (c.memory_length - states.shape[2], 0), (0, 0)))
         new_memory = {"hidden": nn.with_logical_constraint(jax.lax.stop_gradient(states[:, :, -c.memory_length:]),
@@ -177,6 +196,19 @@ class TransformerXL(nn.Module):
         """-> (logits float32 [b, t, vocab] of the segment after `memory`, the memory after the segment)."""
         hidden, new_memory = self.hidden_states_and_memory(decoder_input_tokens, memory, enable_dropout)
         return self.logits(hidden), new_memory
+
+    def decode(
+        self, decoder_input_tokens: Array, bias: Array, cache: RecentKeys, memory_hidden: Array | None = None
+    ) -> Array:
+        """A decoding call (apply with mutable=['cache']): final hidden states [b, t, embed] of the tokens read
+        after each layer's cached keys and values (the first call: after `memory_hidden` [layers, b, m, embed]
+        instead), keeping `cache` of them (ptmjax/decoding/segment_memory_prefill.py). bias [b, 1, t, keys]."""
+        c, rows = self.config, decoder_input_tokens.shape[0]
+        if memory_hidden is None:
+            memory_hidden = jnp.zeros((c.num_layers, rows, 0, c.d_model), jnp.float32)
+        x = nn.with_logical_constraint(self.token_embedder(decoder_input_tokens), HIDDEN_AXES)
+        x, _ = self.run_layers(x, memory_hidden, bias, False, cache)
+        return nn.with_logical_constraint(self.decoder_norm(x), HIDDEN_AXES)
 
     def logits(self, hidden_states: Array) -> Array:
         """Final hidden states [b, t, embed] -> logits float32 [b, t, vocab]."""

@@ -9,7 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ptmjax import partitioning
 from ptmjax.decoding import GenerationIds
+from ptmjax.decoding.sharded import jit_predict
 from ptmjax.families.model_api import model_api
 from ptmjax.models import GPT2, Bart, EncoderDecoder, T5Config
 from ptmjax.models.bart import BartConfig
@@ -114,3 +116,17 @@ def uncached_greedy(
         sequences[rows, first + i + 1] = token
         finished |= token == ids.eos_token_id
     return tokens, scores
+
+
+def sharded_equals_one_device(module: nn.Module, params: dict, batch: dict, config, ids: GenerationIds = IDS):
+    """Asserts that decoding `batch` (8 rows) on the (data=2, fsdp=2, tensor=2) training layout gives the tokens
+    (and the scores within 1e-4) of one device; -> the one-device DecodeOutput."""
+    api = model_api(module)
+    single = jax.jit(api.predict, static_argnums=(2, 3))(params, batch, config, ids)
+    mesh = partitioning.make_mesh(partitioning.MeshConfig(data=2, fsdp=2, tensor=2))
+    sharded = jit_predict(api.predict, api.boxed_abstract_params, mesh, partitioning.DEFAULT_RULES, config, ids)(
+        params, batch)
+    assert len(sharded.tokens.sharding.device_set) == 8
+    np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(single.tokens))
+    np.testing.assert_allclose(np.asarray(sharded.scores), np.asarray(single.scores), rtol=1e-4, atol=1e-4)
+    return single

@@ -8,12 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from decoding_helpers import GPT, VOCAB, peaked_params
+from decoding_helpers import GPT, VOCAB, peaked_params, sharded_equals_one_device
 
-from ptmjax import partitioning
 from ptmjax.decoding import DecodeConfig, GenerationIds, fill_blanks
-from ptmjax.decoding.sharded import jit_predict
-from ptmjax.families.model_api import model_api
 from ptmjax.families.registry import family_of
 from ptmjax.models import GPT2
 from ptmjax.objectives.blank_infilling import blank_ids
@@ -126,14 +123,7 @@ def test_fill_blanks_fills_each_mask_after_the_spans_before_it():
 
 def test_beam_search_on_eight_devices_equals_one_device():
     """The training layout (data=2, fsdp=2, tensor=2), 8 rows of the three contexts: beams as on one device."""
-    api, params = model_api(GLM), peaked_params(GLM, seed=4)
     rows = {name: value[[0, 1, 2, 0, 1, 2, 2, 1]] for name, value in batch().items()}
     config = DecodeConfig(method="beam", max_decode_length=LENGTH, num_beams=3, num_decodes=2)
-    single = jax.jit(api.predict, static_argnums=(2, 3))(params, rows, config, IDS)
-    mesh = partitioning.make_mesh(partitioning.MeshConfig(data=2, fsdp=2, tensor=2))
-    sharded = jit_predict(api.predict, api.boxed_abstract_params, mesh, partitioning.DEFAULT_RULES, config, IDS)(
-        params, rows)
-    assert len(sharded.tokens.sharding.device_set) == 8
-    np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(single.tokens))
-    np.testing.assert_allclose(np.asarray(sharded.scores), np.asarray(single.scores), rtol=1e-4, atol=1e-4)
+    single = sharded_equals_one_device(GLM, peaked_params(GLM, seed=4), rows, config, IDS)
     assert len({tuple(t) for t in np.asarray(single.tokens).reshape(-1, LENGTH).tolist()}) > 3  # beams differ

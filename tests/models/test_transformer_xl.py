@@ -1,5 +1,6 @@
 """Transformer-XL against a float64 NumPy model written here from the paper: segments read one after another
-with their memory equal the matching slices of one full-length forward under the equivalent mask."""
+with their memory, and cached decoding's steps, equal the matching slices of one full-length forward under the
+equivalent mask."""
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from ptmjax.decoding import GenerationIds, segment_memory_prefill
 from ptmjax.layers.xl_relative_attention import relative_shift
 from ptmjax.models.transformer_xl import TransformerXL, TransformerXLConfig, empty_memory
 
@@ -125,3 +127,22 @@ def test_memory_of_another_batch_size_is_refused():
 def test_config_refuses_scanned_layers():
     with pytest.raises(ValueError, match="scan_layers=True is not supported"):
         TransformerXLConfig(**CONFIG, memory_length=3, scan_layers=True)
+
+
+def test_cached_decoding_steps_equal_the_float64_recurrence():
+    """Every step of cached decoding (segments of 4 after a memory of 3), fed random tokens, gives the logits of
+    the float64 forward of the row so far under the recurrence mask."""
+    config = TransformerXLConfig(**CONFIG, memory_length=3, decode_segment_length=4)
+    model, params = TransformerXL(config), random_params(config)
+    prompts = np.array([[2, 3, 4, 5, 6], [7, 8, 0, 0, 0]], np.int32)
+    batch = {"decoder_input_tokens": jnp.asarray(prompts), "decoder_segment_ids": jnp.asarray((prompts > 0) * 1)}
+    fed = np.random.default_rng(2).integers(2, config.vocab_size, (2, 8)).astype(np.int32)
+    prefill = segment_memory_prefill(model, params, batch, 8, GenerationIds(eos_token_id=1, pad_token_id=0))
+    state, logits, step = prefill.state, prefill.first_logits, jax.jit(prefill.step)
+    streams = [list(p[p > 0]) for p in prompts]
+    for i in range(fed.shape[1]):
+        for row, stream in enumerate(streams):
+            want = numpy_forward(params, np.array(stream), recurrence_mask(len(stream), 4, 3))[-1]
+            np.testing.assert_allclose(np.asarray(logits[row]), want, atol=2e-5, rtol=1e-5)
+            stream.append(int(fed[row, i]))
+        logits, state = step(state, jnp.asarray(fed[:, i]), jnp.int32(i))
