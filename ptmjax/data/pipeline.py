@@ -110,6 +110,14 @@ def get_dataset(
     return without_autotuning(dataset.prefetch(tf.data.AUTOTUNE))
 
 
+def empty_split_error(feature_converter: type[seqio.FeatureConverter], split: str, task: str) -> ValueError:
+    """The error of a `split` of `task` that gives no batch: the converter's account of why (its `explain_empty`,
+    built from its gin bindings) where it has one, else that the split is empty."""
+    if hasattr(feature_converter, "explain_empty"):
+        return ValueError(feature_converter(pack=False).explain_empty(split, task))
+    return ValueError(f"the {split} split of {task!r} is empty; add {split} data")
+
+
 def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` without tf.data's autotuning thread, for any iterator read over minutes.
 

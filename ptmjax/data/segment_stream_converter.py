@@ -65,5 +65,11 @@ class SegmentStreamFeatureConverter(seqio.FeatureConverter):
         windows = tokens.window(self.segment_length + 1, shift=self.segment_length, drop_remainder=True)
         return windows.flat_map(lambda window: window.batch(self.segment_length + 1))
 
+    def explain_empty(self, split: str, task: str) -> str:
+        """Why `split` of `task` gives no batch (`pipeline.empty_split_error`), and the fix."""
+        return (f"the {split} split of {task!r} gives no batch of segments: one of its SegmentStreamFeatureConverter"
+                f".rows={self.rows} lanes holds fewer than segment_length + 1 = {self.segment_length + 1} tokens; "
+                "lower SegmentStreamFeatureConverter.rows or .segment_length, or give the split more text")
+
     def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
         return dict.fromkeys(MODEL_FIELDS, self.segment_length)

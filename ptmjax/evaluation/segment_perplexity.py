@@ -74,6 +74,8 @@ def folder_segment_perplexity(
             seed=0, shuffle=False, pack=False, num_epochs=1, feature_converter=api.family.feature_converter,
         )
         batches = list(itertools.islice(dataset.as_numpy_iterator(), num_batches))
+        if not batches:
+            raise pipeline.empty_split_error(api.family.feature_converter, split, bindings["mixture_or_task_name"])
     finally:
         gin.clear_config()
     params = folder.read_params(api.abstract_params, step=step)

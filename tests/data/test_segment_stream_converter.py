@@ -1,6 +1,8 @@
 """Transformer-XL's rows: row r of each batch continues row r of the batch before, on a hand-checked example,
 through the family's converter (built as the trainer builds it) and through the pipeline on the corpus."""
 
+from types import SimpleNamespace
+
 import gin
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ import tensorflow as tf
 from ptmjax.data import pipeline
 from ptmjax.families.registry import TRANSFORMER_XL
 from ptmjax.tasks.documents import STDLIB_DOCUMENTS_TASK
+from ptmjax.training.callbacks.loss_evaluation import LossEvaluation
 
 DOCUMENTS = [[1, 2, 3, 4, 5, 6, 7, 8], [10, 11, 12, 13, 14, 15, 16], [20, 21, 22], [30, 31]]
 
@@ -66,3 +69,29 @@ def test_unbound_rows_and_packing_are_refused():
         converter(segment_length=4)
     with pytest.raises(ValueError, match="does not pack"):
         converter(pack=True, rows=2, segment_length=4)
+
+
+@pytest.mark.parametrize("segment_length", [100_000, 4])
+def test_a_split_too_short_for_one_segment_is_named_by_the_run_evaluation(segment_length):
+    """The trainer's loss evaluation over the corpus's validation split (segments longer than its lanes), and
+    over a split with no document at all: one line naming the lanes, the segment and the fix."""
+    converter = TRANSFORMER_XL.feature_converter
+    gin.bind_parameter("SegmentStreamFeatureConverter.rows", 4)
+    gin.bind_parameter("SegmentStreamFeatureConverter.segment_length", segment_length)
+    try:
+        def validation():
+            if segment_length == 4:  # no document
+                nothing = tf.data.Dataset.from_tensor_slices({"targets": tf.zeros((0, 3), tf.int32)})
+                return converter(pack=False)(nothing, {"targets": 100}).batch(4)
+            return pipeline.get_dataset(STDLIB_DOCUMENTS_TASK, "validation", {"targets": 4096}, 4, seed=0,
+                                        shuffle=False, pack=False, num_epochs=1, feature_converter=converter)
+
+        evaluation = LossEvaluation(1, SimpleNamespace(api=SimpleNamespace(family=TRANSFORMER_XL)), validation, None,
+                                    STDLIB_DOCUMENTS_TASK, None, None, None)
+        with pytest.raises(ValueError, match=(
+                rf"the validation split of '{STDLIB_DOCUMENTS_TASK}' gives no batch of segments: one of its "
+                rf"SegmentStreamFeatureConverter.rows=4 lanes holds fewer than segment_length \+ 1 = "
+                rf"{segment_length + 1} tokens; lower SegmentStreamFeatureConverter.rows or .segment_length")):
+            evaluation.evaluate(params=None)
+    finally:
+        gin.clear_config()

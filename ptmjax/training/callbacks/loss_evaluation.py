@@ -11,6 +11,7 @@ import jax
 from tqdm.auto import tqdm
 
 from ptmjax import partitioning
+from ptmjax.data import pipeline
 from ptmjax.training import multihost
 from ptmjax.training.callbacks.callback import Periodic, StepEvent
 from ptmjax.training.metrics_log import MetricsLog
@@ -58,5 +59,5 @@ class LossEvaluation(Periodic):
             stats = self.trainer.eval_stats(params, partitioning.global_batch(batch, self.trainer.mesh), state)
             total = stats if total is None else total + stats
         if total is None:
-            raise ValueError(f"the validation split of {self.task_name!r} is empty; add validation data")
+            raise pipeline.empty_split_error(self.trainer.api.family.feature_converter, "validation", self.task_name)
         return {k: float(v) for k, v in jax.device_get(total.metrics()).items()}
