@@ -33,13 +33,8 @@ from ptmjax.layers.moe import MoeConfig
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.pipeline import PipelineStages
 from ptmjax.layers.positions import check_length, position_embedder, sequential_positions
-from ptmjax.models.config import (
-    ModelConfig,
-    check_activation,
-    check_attention_pattern,
-    check_heads_divide,
-    check_positive_ints,
-)
+from ptmjax.models.config import check_attention_pattern
+from ptmjax.models.decoder_stack_config import DecoderStackConfig
 
 Array = jax.Array
 
@@ -47,8 +42,9 @@ Array = jax.Array
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class GPT2Config(MoeConfig, ModelConfig, PipelineStages):
-    """Hyper-parameters of a GPT-2 decoder.
+class GPT2Config(MoeConfig, DecoderStackConfig, PipelineStages):
+    """Hyper-parameters of a GPT-2 decoder: the decoder stack's sizes (vocab_size, d_model, num_heads,
+    num_layers, d_ff: DecoderStackConfig, ptmjax/models/decoder_stack_config.py), then max_length.
 
     head_dim = d_model // num_heads. max_length is the size of the learned
     position table (HF n_positions). activation: 'gelu' is the tanh
@@ -71,35 +67,16 @@ class GPT2Config(MoeConfig, ModelConfig, PipelineStages):
     pattern with a `window` (SlidingWindow, DilatedWindow) decodes with a ring-buffer cache of `window` slots.
     """
 
-    vocab_size: int
-    d_model: int
-    num_heads: int
-    num_layers: int
-    d_ff: int
     max_length: int
     attention_dropout_rate: float = 0.1
     activation: str = "gelu"
-    layer_norm_epsilon: float = dataclasses.field(default=1e-5, kw_only=True)
     block_position_embeddings: bool = dataclasses.field(default=False, kw_only=True)
     attention_pattern: AttentionPattern | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_length")
-        check_heads_divide(self)
-        check_activation(self)
-        self.check_model_config("attention_dropout_rate")
+        self.check_decoder_stack("max_length")
         check_attention_pattern(self)
         self.check_pipeline_fields()
-
-    def layer_stacks(self) -> dict[tuple[str, ...], int]:
-        return {(): self.num_layers}
-
-    def stack_depth_fields(self) -> dict[tuple[str, ...], str]:
-        return {(): "num_layers"}
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
 
 
 class GPT2Block(nn.Module):

@@ -29,7 +29,7 @@ from ptmjax.layers.layer_stack import rematerialised
 from ptmjax.layers.mlp import MlpBlock
 from ptmjax.layers.norms import LayerNorm
 from ptmjax.layers.xl_relative_attention import RecentKeys, RelativeMultiHeadAttention
-from ptmjax.models.config import ModelConfig, check_activation, check_heads_divide, check_positive_ints
+from ptmjax.models.decoder_stack_config import DecoderStackConfig
 
 Array = jax.Array
 Memory = dict[str, Array]  # {'hidden': [layers, b, memory_length, embed], 'filled': int32 [b]}
@@ -38,10 +38,10 @@ MEMORY_AXES = (None, "activation_batch", "activation_length", "activation_embed"
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
-class TransformerXLConfig(ModelConfig):
-    """Hyper-parameters of a Transformer-XL decoder.
+class TransformerXLConfig(DecoderStackConfig):
+    """Hyper-parameters of a Transformer-XL decoder: GPT-2's decoder stack (DecoderStackConfig) with a memory.
 
-    head_dim = d_model // num_heads; memory_length: the positions of earlier segments each layer keeps
+    memory_length: the positions of earlier segments each layer keeps
     (the paper's M). activation as GPT2Config's ('gelu' the tanh form). dropout_rate applies to embeddings
     and residual branches, attention_dropout_rate to attention probabilities. The layers run unscanned with
     the einsum kernel and no LayerDrop: each reads its own memory.
@@ -51,39 +51,19 @@ class TransformerXLConfig(ModelConfig):
     positions before it.
     """
 
-    vocab_size: int
-    d_model: int
-    num_heads: int
-    num_layers: int
-    d_ff: int
     memory_length: int
     attention_dropout_rate: float = 0.1
     activation: str = "gelu"
-    layer_norm_epsilon: float = dataclasses.field(default=1e-5, kw_only=True)
     decode_segment_length: int = dataclasses.field(default=1, kw_only=True)
 
     def __post_init__(self) -> None:
-        check_positive_ints(self, "vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "memory_length",
-                            "decode_segment_length")
-        check_heads_divide(self)
-        check_activation(self)
-        self.check_model_config("attention_dropout_rate")
+        self.check_decoder_stack("memory_length", "decode_segment_length")
         if self.d_model % 2:
             raise ValueError(f"TransformerXLConfig.d_model={self.d_model} must be even (sin and cos halves of R)")
         for name, plain in (("scan_layers", False), ("layerdrop", 0.0), ("attention_kernel", "einsum")):
             if getattr(self, name) != plain:
                 raise ValueError(f"TransformerXLConfig.{name}={getattr(self, name)!r} is not supported (each layer "
                                  f"reads its own memory); set {name}={plain!r}")
-
-    def layer_stacks(self) -> dict[tuple[str, ...], int]:
-        return {(): self.num_layers}
-
-    def stack_depth_fields(self) -> dict[tuple[str, ...], str]:
-        return {(): "num_layers"}
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
 
 
 def empty_memory(config: TransformerXLConfig, rows: int) -> Memory:
