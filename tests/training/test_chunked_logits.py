@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from sharding_helpers import assert_updates_match, parameter_update
 
 from ptmjax import partitioning
 from ptmjax.families.model_api import model_api
@@ -104,9 +105,11 @@ def one_sgd_step(model, loss_config: LossConfig, mesh_config: MeshConfig, single
     mesh = partitioning.make_mesh(mesh_config, jax.devices()[:1] if single_device else None)
     trainer = Trainer(model, optax.sgd(1.0), lambda _: 1.0, mesh, mesh_config.rules, loss_config)
     state = trainer.init_state(jax.random.key(0))
+    initial = jax.device_get(state.params)
     batch = {name: np.asarray(value) for name, value in packed_batch(model).items()}
     state, metrics = trainer.train_step(state, partitioning.global_batch(batch, mesh), jax.random.key(1))
-    return jax.device_get(state.params), jax.device_get(metrics)
+    params = jax.device_get(state.params)
+    return params, jax.device_get(metrics), parameter_update(initial, params)
 
 
 # -m slow: GPT-2's chunked loss is the same function; its unsharded gradients are compared above
@@ -114,9 +117,10 @@ def one_sgd_step(model, loss_config: LossConfig, mesh_config: MeshConfig, single
                          ids=["t5", "gpt2"])
 @pytest.mark.slow
 def test_sharded_chunked_step_equals_the_plain_step_on_one_device(model):
-    want_params, want_metrics = one_sgd_step(model, PLAIN, MeshConfig(), single_device=True)
+    want_params, want_metrics, want_update = one_sgd_step(model, PLAIN, MeshConfig(), single_device=True)
     chunked = dataclasses.replace(PLAIN, logits_chunk_size=4)
-    got_params, got_metrics = one_sgd_step(model, chunked, MeshConfig(data=2, fsdp=2, tensor=2), False)
+    got_params, got_metrics, got_update = one_sgd_step(model, chunked, MeshConfig(data=2, fsdp=2, tensor=2), False)
     for name in ("loss", "z_loss", "accuracy"):
         np.testing.assert_allclose(got_metrics[name], want_metrics[name], rtol=2e-6, err_msg=name)
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=2e-5), got_params, want_params)
+    assert_updates_match(want_update, got_update)  # what the atol cannot see (sharding_helpers)

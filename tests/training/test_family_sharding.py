@@ -5,7 +5,9 @@ its native task; the losses, the family's own metrics and the parameters must
 agree with the single-device run (that each family learns is tested by
 test_family_runs.py), and so must each parameter's first update, relatively.
 ELECTRA's generator samples must also agree, since the 'sample' rng does not
-depend on the layout.
+depend on the layout. The families, task heads and PEFT methods again at
+d_model 128 (WIDE), where XLA's SPMD partitioner has computed wrong gradients:
+each parameter's update in both steps, relatively.
 """
 
 import functools
@@ -15,6 +17,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from sharding_helpers import assert_updates_match, parameter_update
 
 from ptmjax import gin_files, partitioning
 from ptmjax.data import pipeline
@@ -22,7 +25,6 @@ from ptmjax.families.registry import family_of
 from ptmjax.families.token_loss import LossConfig
 from ptmjax.partitioning import MeshConfig
 from ptmjax.training.trainer import Trainer
-from ptmjax.tree_paths import leaves_by_path
 
 # run file -> (task feature lengths, metrics to compare)
 FAMILIES = {
@@ -40,9 +42,11 @@ LR, STEPS, BATCH = 0.01, 2, 8
 
 
 @functools.lru_cache(maxsize=None)
-def model_and_batch(run_file: str):
-    lengths, _ = FAMILIES[run_file]
-    gin_files.parse_gin([run_file])
+def model_and_batch(run_file: str, bindings: tuple[str, ...] = (), lengths: tuple[tuple[str, int], ...] = ()):
+    """The run file's model (with gin `bindings` on top) and its first batch of task features `lengths` (by default
+    FAMILIES')."""
+    lengths = dict(lengths) or FAMILIES[run_file][0]
+    gin_files.parse_gin([run_file], bindings)
     try:
         model = gin.get_bindings("train")["model"]
         task = gin.get_bindings("train")["mixture_or_task_name"]
@@ -57,21 +61,22 @@ def model_and_batch(run_file: str):
 
 
 @functools.lru_cache(maxsize=None)
-def train(run_file: str, mesh_config: MeshConfig, single_device: bool = False):
-    model, host_batch = model_and_batch(run_file)
+def train(run_file: str, mesh_config: MeshConfig, single_device: bool = False, bindings: tuple[str, ...] = (),
+          lengths: tuple[tuple[str, int], ...] = ()):
+    """-> (parameters after STEPS SGD steps, each step's metrics, each step's parameter update)."""
+    model, host_batch = model_and_batch(run_file, bindings, lengths)
     mesh = partitioning.make_mesh(mesh_config, jax.devices()[:1] if single_device else None)
     trainer = Trainer(model, optax.sgd(LR), lambda _: LR, mesh, mesh_config.rules, LossConfig(z_loss=0.0))
     state = trainer.init_state(jax.random.key(0))
-    initial = jax.device_get(state.params)
+    params = jax.device_get(state.params)
     batch = partitioning.global_batch(host_batch, mesh)
-    metrics, first_update = [], None
+    metrics, updates = [], []
     for _ in range(STEPS):
         state, step_metrics = trainer.train_step(state, batch, jax.random.key(1))
         metrics.append(jax.device_get(step_metrics))
-        if first_update is None:
-            after = jax.device_get(state.params)
-            first_update = jax.tree.map(lambda new, old: np.asarray(new, np.float64) - old, after, initial)
-    return jax.device_get(state.params), metrics, first_update
+        before, params = params, jax.device_get(state.params)
+        updates.append(parameter_update(before, params))
+    return params, metrics, updates
 
 
 # ELECTRA's joint model runs with -m slow: its generator and discriminator are the BERT-family layers the others cover;
@@ -95,8 +100,58 @@ def test_sharded_step_equals_single_device(run_file):
 # 1e-6) must match relatively.
 @pytest.mark.parametrize("run_file", RUN_FILES)
 def test_sharded_first_update_equals_single_device(run_file):
-    want = dict(leaves_by_path(train(run_file, MeshConfig(), single_device=True)[2]))
-    got = dict(leaves_by_path(train(run_file, MeshConfig(data=2, fsdp=2, tensor=2))[2]))
-    off = {path: float(np.max(np.abs(got[path] - update)) / np.max(np.abs(update)))
-           for path, update in want.items() if np.max(np.abs(update)) > 1e-6}
-    assert max(off.values()) < 1e-2, sorted(off.items(), key=lambda item: -item[1])[:5]
+    want = train(run_file, MeshConfig(), single_device=True)[2][0]
+    assert_updates_match(want, train(run_file, MeshConfig(data=2, fsdp=2, tensor=2))[2][0])
+
+
+def widened(config: str, *extra: str) -> tuple[str, ...]:
+    """Gin bindings giving `config` (a config class's gin name) d_model 128 and d_ff 256, then `extra` ones."""
+    return tuple(f"{config}.{binding}" for binding in ("d_model = 128", "d_ff = 256", *extra))
+
+
+T5_WIDE = widened("T5Config", "head_dim = 32", "num_encoder_layers = 1", "num_decoder_layers = 1")
+# XLA's SPMD partitioner (jax 0.10.2) computed wrong gradients, silently, at widths of 64 and more, where an activation
+# between two kernels on ('fsdp', 'tensor') was left unpinned (docs/testing.md; BERT's MLM head and ELMo's LSTM); the
+# tiny families above are 32 to 64 wide. So each family, task head and PEFT method again at d_model 128, one layer,
+# short rows: every parameter's update in both steps (the second sees what a zero-initialised partner, LoRA's B or an
+# adapter's up projection, hides in the first). BERT's own wide check is in test_encoder_training.py.
+# row: (run file, gin bindings, task feature lengths)
+WIDE = {
+    "gpt2": ("runs/gpt2_demo.gin", widened("GPT2Config", "num_layers = 1"), {"targets": 32}),
+    "electra": ("runs/electra_demo.gin", (*widened("ElectraConfig", "embedding_size = 128", "num_layers = 1"),
+                                          "generator/ElectraConfig.d_model = 64", "generator/ElectraConfig.d_ff = 128"),
+                {"inputs": 32, "targets": 32}),
+    "gpt2_moe": ("runs/gpt2_demo.gin", ("include 'models/gpt2_moe_tiny.gin'", *widened("GPT2Config")),
+                 {"targets": 32}),
+    "t5": ("runs/demo.gin", T5_WIDE, {"inputs": 32, "targets": 16}),
+    "longt5": ("runs/longt5_demo.gin", widened("LongT5Config", "head_dim = 32", "num_encoder_layers = 1",
+                                               "num_decoder_layers = 1"), {"inputs": 64, "targets": 16}),
+    "bart": ("runs/bart_demo.gin", widened("BartConfig", "num_encoder_layers = 1", "num_decoder_layers = 1"),
+             {"inputs": 32, "targets": 32}),
+    "albert": ("runs/albert_demo.gin", widened("AlbertConfig", "embedding_size = 128", "num_layers = 1"),
+               {"inputs": 32, "targets": 32}),
+    "xlnet": ("runs/xlnet_demo.gin", widened("GPT2Config", "num_layers = 1"), {"inputs": 32, "targets": 32}),
+    "mpnet": ("runs/mpnet_demo.gin", widened("MPNetConfig", "num_layers = 1"), {"inputs": 32, "targets": 5}),
+    "glm": ("runs/glm_demo.gin", widened("GPT2Config", "num_layers = 1"), {"targets": 32}),
+    "roberta_classifier": ("runs/bert_classify_demo.gin", widened(
+        "BertConfig", "num_layers = 1", "positions_after_padding = True", "max_length = 130"), {"inputs": 32}),
+    "houlsby_adapters": ("runs/demo.gin", (*T5_WIDE, "train.model = @adapters()", "adapters.model = @EncoderDecoder()"),
+                         {"inputs": 32, "targets": 16}),
+    "lora": ("runs/lora_demo.gin", (*T5_WIDE, "lora.rank = 64"), {"inputs": 32, "targets": 16}),
+    "prefix_tuning": ("runs/demo.gin", (*T5_WIDE, "train.model = @prefix_tuning()",
+                                        "prefix_tuning.model = @EncoderDecoder()", "prefix_tuning.length = 4",
+                                        "prefix_tuning.hidden = 128"), {"inputs": 32, "targets": 16}),
+    "p_tuning": ("runs/demo.gin", (*T5_WIDE, "train.model = @p_tuning()", "p_tuning.model = @EncoderDecoder()",
+                                   "p_tuning.length = 4", "p_tuning.hidden = 128"), {"inputs": 32, "targets": 16}),
+}
+DEFAULT_WIDE = ("gpt2",)  # GPT-2's layers, the ones most families share; the others (20-75 s each) with -m slow
+
+
+@pytest.mark.parametrize("row", [r if r in DEFAULT_WIDE else pytest.param(r, marks=pytest.mark.slow) for r in WIDE])
+def test_a_wide_sharded_step_updates_as_one_device(row):
+    run_file, bindings, lengths = WIDE[row]
+    lengths = tuple(sorted(lengths.items()))
+    want = train(run_file, MeshConfig(), True, bindings, lengths)[2]
+    got = train(run_file, MeshConfig(data=2, fsdp=2, tensor=2), False, bindings, lengths)[2]
+    for step, (want_update, got_update) in enumerate(zip(want, got, strict=True)):
+        assert_updates_match(want_update, got_update, context=f"{row}, step {step + 1}")

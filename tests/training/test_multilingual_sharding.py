@@ -3,9 +3,9 @@
 Tiny models of each gin shape's kind, their vocabularies as divisible as the published ones: mT5's 250,112
 by 128, XLM-R's 250,002 by 2 (not 4), mBERT's 119,547 by nothing, so that its vocabulary stays whole on the
 tensor axis (the rules map 'vocab' and 'activation_vocab' to no mesh axis; the default rules refuse it in one
-line). Two SGD steps on one batch give the single-device losses and parameters. They run with -m slow (each
-compiles two trainers, 25-50 s on two shared cores): their layers are T5 v1.1's, RoBERTa's and BERT's, which the
-default run covers sharded.
+line). Two SGD steps on one batch give the single-device losses, parameters and (relatively) each parameter's
+update. They run with -m slow (each compiles two trainers, 25-50 s on two shared cores): their layers are T5
+v1.1's, RoBERTa's and BERT's, which the default run covers sharded.
 """
 
 import functools
@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from sharding_helpers import assert_updates_match, parameter_update
 
 from ptmjax import partitioning
 from ptmjax.families.token_loss import LossConfig
@@ -61,24 +62,26 @@ def train(name: str, mesh_config: MeshConfig, single_device: bool = False):
     mesh = partitioning.make_mesh(mesh_config, jax.devices()[:1] if single_device else None)
     trainer = Trainer(MODELS[name], optax.sgd(LR), lambda _: LR, mesh, mesh_config.rules, LossConfig(z_loss=0.0))
     state = trainer.init_state(jax.random.key(0))
+    initial = jax.device_get(state.params)
     rows = partitioning.global_batch(batch(name), mesh)
     losses = []
     for _ in range(STEPS):
         state, metrics = trainer.train_step(state, rows, jax.random.key(1))
         losses.append(float(metrics["loss"]))
-    return jax.device_get(state.params), np.array(losses)
+    return jax.device_get(state.params), np.array(losses), parameter_update(initial, jax.device_get(state.params))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_sharded_steps_equal_one_device(name):
     rules = WHOLE_VOCABULARY if name == "mbert" else partitioning.DEFAULT_RULES
-    want_params, want_losses = train(name, MeshConfig(), single_device=True)
-    got_params, got_losses = train(name, MeshConfig(data=2, fsdp=2, tensor=2, rules=rules))
+    want_params, want_losses, want_update = train(name, MeshConfig(), single_device=True)
+    got_params, got_losses, got_update = train(name, MeshConfig(data=2, fsdp=2, tensor=2, rules=rules))
     print(f"{name}: losses {got_losses} (one device {want_losses})")
     assert want_losses[1] < want_losses[0]
     np.testing.assert_allclose(got_losses, want_losses, rtol=2e-5)
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5), got_params, want_params)
+    assert_updates_match(want_update, got_update, context=name)  # what the atol cannot see (sharding_helpers)
 
 
 def test_an_odd_vocabulary_on_the_tensor_axis_is_refused_naming_the_fix():

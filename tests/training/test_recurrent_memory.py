@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 from reliability.reliability_helpers_a import assert_trees_equal, saved_checkpoint
+from sharding_helpers import assert_updates_match, parameter_update
 
 from ptmjax import partitioning
 from ptmjax.data import pipeline
@@ -78,11 +79,12 @@ def test_each_step_carries_the_memory_the_model_leaves():
 
 @pytest.mark.slow  # 2 to 3 minutes on a loaded 2-core CPU: two compilations of the step, one over 8 devices
 def test_sharded_training_with_memory_equals_one_device():
-    _, want, want_metrics = train(MeshConfig(), jax.devices()[:1])
+    start, want, want_metrics = train(MeshConfig(), jax.devices()[:1])
     _, got, got_metrics = train(MeshConfig(data=2, fsdp=2, tensor=2), jax.devices())
     for g, w in zip(got_metrics, want_metrics, strict=True):
         np.testing.assert_allclose(g["loss"], w["loss"], rtol=2e-5)
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=2e-5), got.params, want.params)
+    assert_updates_match(parameter_update(start.params, want.params), parameter_update(start.params, got.params))
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, atol=2e-5), got.extra[MEMORY], want.extra[MEMORY])
     assert np.abs(np.asarray(got.extra[MEMORY]["hidden"])).max() > 0
 
