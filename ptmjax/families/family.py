@@ -121,6 +121,8 @@ class Family:
         formula is written (ptmjax/models/flops.py).
       parts: the models a joint one is exported as, `(module, params) -> {name: (module, params)}`
         (ELECTRA's generator and discriminator); None for a model exported whole.
+      causal_prompts: a decoder-only family whose converter's rows hold no prompt (Transformer-XL's segment
+        streams): `ptmjax infer` and `ptmjax.load` read its prompts as plain causal rows, without EOS.
     """
 
     kind: Kind
@@ -139,6 +141,7 @@ class Family:
     cloze_logits: ClozeLogits | None = None
     flops: Flops | None = None
     parts: Parts | None = None
+    causal_prompts: bool = False
 
     @property
     def feature_converter(self) -> type[seqio.FeatureConverter]:

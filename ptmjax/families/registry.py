@@ -107,7 +107,7 @@ BLANK_INFILLING = dataclasses.replace(
 # decodes in segments after its memory with a bounded cache.
 TRANSFORMER_XL = dataclasses.replace(
     DECODER_ONLY, converter=SEGMENT_STREAM_CONVERTER,
-    predict=functools.partial(decoding.predict, decoding.segment_memory_prefill),
+    predict=functools.partial(decoding.predict, decoding.segment_memory_prefill), causal_prompts=True,
 )
 MASKED_LM = Family(
     Kind.ENCODER, ConverterName(PTMJAX_CONVERTERS, "MaskedLmFeatureConverter"), token_inputs("input_tokens"),

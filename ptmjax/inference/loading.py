@@ -9,7 +9,8 @@ parallelism; a run's logical-axis rules lay the parameters out on it.
 
 How text becomes rows follows where the model learned (inference/rows.py):
 a ptmjax run reads its task's rows (EOS after the inputs as the task's
-features say); a model from Hugging Face reads text as its tokenizer
+features say; a Transformer-XL, whose rows are segment streams, plain causal
+prompts without EOS); a model from Hugging Face reads text as its tokenizer
 encodes it (BOS first where the model has one, EOS last for encoder-decoders;
 decoder-only prompts plain and causal, as `transformers` generates).
 """
@@ -114,11 +115,14 @@ def _load_model_dir(folder: ModelDir, step: int | None, mesh: Mesh, batch_size: 
         return LoadedModel(model, params, vocabulary, ids, mesh, mesh_config.rules,
                            _hf_row_format(model, ids, vocabulary), source, batch_size,
                            task_feature_lengths=bindings.get("task_feature_lengths"))
-    inputs = pipeline.get_task_or_mixture(task_name).output_features.get("inputs") if task_name else None
-    row_format = RowFormat(
-        api.family, vocabulary.eos_id, add_eos=True if inputs is None else inputs.add_eos,
-        decoder_start_id=ids.decoder_start_token_id or 0,
-    )
+    if api.family.causal_prompts:
+        row_format = RowFormat(api.family, vocabulary.eos_id, add_eos=False, causal=True)
+    else:
+        inputs = pipeline.get_task_or_mixture(task_name).output_features.get("inputs") if task_name else None
+        row_format = RowFormat(
+            api.family, vocabulary.eos_id, add_eos=True if inputs is None else inputs.add_eos,
+            decoder_start_id=ids.decoder_start_token_id or 0,
+        )
     return LoadedModel(model, params, vocabulary, ids, mesh, mesh_config.rules, row_format, source, batch_size,
                        task_name, bindings.get("task_feature_lengths"))
 

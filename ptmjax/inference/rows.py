@@ -5,7 +5,8 @@ continuations for causal language models converted from Hugging Face.
 - Decoder-only models trained by ptmjax: seqio's PrefixLM rows (`DecoderFeatureConverter` of
   inputs and targets) as they are; decoding reads the prompt where 'decoder_causal_attention' is 1
   (the inputs after the converter's leading 0), bidirectionally (decoding/prefill.py).
-- Decoder-only models from Hugging Face (GPT-2), `RowFormat.causal`: the prompt's ids as they are,
+- Decoder-only models from Hugging Face (GPT-2), and a family whose converter's rows hold no prompt
+  (`Family.causal_prompts`: Transformer-XL), `RowFormat.causal`: the prompt's ids as they are,
   right-padded, read causally, as `transformers`' generate reads them; scored rows are the prompt
   and target as one stream shifted by one.
 
@@ -22,7 +23,6 @@ import seqio
 import tensorflow as tf
 
 from ptmjax.families.family import Family
-from ptmjax.families.registry import DECODER_ONLY
 
 Rows = dict[str, np.ndarray]
 PREDICT_FIELDS = ("encoder_input_tokens", "decoder_input_tokens", "decoder_causal_attention", "decoder_segment_ids")
@@ -42,7 +42,7 @@ class RowFormat:
     decoder_start_id: int = 0
 
     def __post_init__(self) -> None:
-        if self.causal and self.family.feature_converter is not DECODER_ONLY.feature_converter:
+        if self.causal and not self.family.decoder_only:
             raise ValueError("RowFormat.causal=True is for decoder-only models; set it False for an encoder-decoder")
 
     def predict_rows(self, inputs: Sequence[Sequence[int]], length: int) -> Rows:
