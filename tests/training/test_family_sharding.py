@@ -133,8 +133,12 @@ WIDE = {
     "xlnet": ("runs/xlnet_demo.gin", widened("GPT2Config", "num_layers = 1"), {"inputs": 32, "targets": 32}),
     "mpnet": ("runs/mpnet_demo.gin", widened("MPNetConfig", "num_layers = 1"), {"inputs": 32, "targets": 5}),
     "glm": ("runs/glm_demo.gin", widened("GPT2Config", "num_layers = 1"), {"targets": 32}),
+    "bert_classifier": ("runs/bert_classify_demo.gin", widened("BertConfig", "num_layers = 1"), {"inputs": 32}),
     "roberta_classifier": ("runs/bert_classify_demo.gin", widened(
         "BertConfig", "num_layers = 1", "positions_after_padding = True", "max_length = 130"), {"inputs": 32}),
+    "bert_tagging": ("runs/bert_tagging_demo.gin", widened("BertConfig", "num_layers = 1"), {"inputs": 32}),
+    "bert_qa": ("runs/bert_qa_demo.gin", widened("BertConfig", "num_layers = 1"), {"inputs": 32}),
+    "spanbert": ("runs/spanbert_demo.gin", widened("BertConfig", "num_layers = 1"), {"inputs": 32, "targets": 32}),
     "houlsby_adapters": ("runs/demo.gin", (*T5_WIDE, "train.model = @adapters()", "adapters.model = @EncoderDecoder()"),
                          {"inputs": 32, "targets": 16}),
     "lora": ("runs/lora_demo.gin", (*T5_WIDE, "lora.rank = 64"), {"inputs": 32, "targets": 16}),
