@@ -86,6 +86,22 @@ def pipeline_rules(stage_axis: str = "stage", rules: Rules = DEFAULT_RULES) -> R
     return tuple((name, stage_axis if name == "layers" else axes) for name, axes in rules)
 
 
+def optimizer_rules(rules: Rules, mesh: Mesh) -> Rules:
+    """The rules for the optimizer's view of the parameters (scanned layers unscanned, optimizers.py).
+
+    Where `rules` put the logical 'layers' axis on a mesh axis of size > 1 (pipeline stages), the
+    optimizer sees each layer alone, which that axis cannot split; its 'embed' dimension then takes the
+    stage axis after its own, so each layer's optimizer state is split over the stages, not copied on
+    each, and 'layers' goes on no axis. `rules` otherwise.
+    """
+    stage = dict(rules).get("layers")
+    if not isinstance(stage, str) or mesh.shape.get(stage, 1) == 1:
+        return rules
+    embed = dict(rules)["embed"]
+    embed = () if embed is None else (embed,) if isinstance(embed, str) else tuple(embed)
+    return with_rule(with_rule(rules, "embed", (*embed, stage)), "layers", None)
+
+
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:

@@ -246,7 +246,9 @@ def pipelined_stack(
     def per_stage(local_params, x_micro, args, rng):
         stage = jax.lax.axis_index(axis)
         local_params = jax.tree.map(lambda p: p.reshape((repeats, per_group) + p.shape[1:]), local_params)
-        group_of = lambda r: jax.tree.map(lambda p: _take(p, r), local_params)  # noqa: E731
+        # One round: the group is the whole local stack, read as it is, so that the backward pass keeps no
+        # per-tick copy of the stage's parameters (a slice at a traced round would be one).
+        group_of = lambda r: jax.tree.map(lambda p: p[0] if repeats == 1 else _take(p, r), local_params)  # noqa: E731
         args_of = lambda m: jax.tree.map(lambda a, cut: _take(a, m) if cut else a, args, batched)  # noqa: E731
 
         def tick(carry, row):

@@ -101,21 +101,29 @@ def lars(
     )
 
 
-def on_unscanned_layout(tx: optax.GradientTransformation, config: LayerStacks) -> optax.GradientTransformation:
+def on_unscanned_layout(tx: optax.GradientTransformation, config: LayerStacks,
+                        shardings: Any = None) -> optax.GradientTransformation:
     """`tx` for a model that scans its layers, applied to the unscanned layout of its parameters.
 
     Per-array rules then see each layer's arrays, as in the plain model:
     Adafactor's factoring, update clipping and parameter scale would
     otherwise span all layers of a stacked array. The optimizer state is the
     plain model's, so scanning changes neither the updates nor the state.
+    `shardings` (the scanned tree's, None: as they come) are what the scanned
+    updates and parameters are laid out as around the unscanning: with pipeline
+    stages, the stage axis moved off the layers' axis
+    (`partitioning.optimizer_rules`), so that cutting out a layer is local, not
+    a stage-sized padded copy per layer.
     """
+    lay_out = (lambda tree: tree) if shardings is None else (  # noqa: E731
+        lambda tree: jax.lax.with_sharding_constraint(tree, shardings))
 
     def init(params):
-        return tx.init(unscan(params, config))
+        return tx.init(unscan(lay_out(params), config))
 
     def update(updates, state, params=None):
-        plain_params = None if params is None else unscan(params, config)
-        plain_updates, state = tx.update(unscan(updates, config), state, plain_params)
-        return scan(plain_updates, config), state
+        plain_params = None if params is None else unscan(lay_out(params), config)
+        plain_updates, state = tx.update(unscan(lay_out(updates), config), state, plain_params)
+        return lay_out(scan(plain_updates, config)), state
 
     return optax.GradientTransformation(init, update)

@@ -59,13 +59,16 @@ class Trainer:
         self.trainable = Trainable(None if trainable is None else tuple(trainable))
         self.tx = tx = self.trainable.optimizer(tx, plain.abstract_params)
         abstract_opt_state = jax.eval_shape(tx.init, plain.abstract_params)
-        plain_shardings = param_shardings if plain is api else self._shardings(plain)
+        optimizer_rules = partitioning.optimizer_rules(rules, mesh)  # with stages: the state split over them too
+        plain_shardings = param_shardings if plain is api and optimizer_rules is rules else self._shardings(
+            plain, optimizer_rules)
         opt_shardings = partitioning.optimizer_state_shardings(
             tx, abstract_opt_state, *(self.trainable.masked(tree, plain.abstract_params)
                                       for tree in (plain.abstract_params, plain_shardings)), mesh,
         )
         if api.scanning:
-            self.tx = tx = optimizers.on_unscanned_layout(tx, api.scanning)
+            laid_out = None if optimizer_rules is rules else self._shardings(api, optimizer_rules)
+            self.tx = tx = optimizers.on_unscanned_layout(tx, api.scanning, laid_out)
         selection = self.trainable.selection(plain.abstract_params, api.scanning)
         # The parameter paths (in the model's own layout) the train step differentiates and updates.
         self.trained_paths = tuple(
@@ -107,10 +110,10 @@ class Trainer:
         T5 v1.1 base 22 -> 18.7 s (docs/performance_log.md)."""
         return {"xla_backend_optimization_level": 1} if self.mesh.devices.flat[0].platform == "cpu" else {}
 
-    def _shardings(self, api: ModelApi) -> Any:
-        """The shardings that the rules give `api`'s parameters on the mesh."""
+    def _shardings(self, api: ModelApi, rules: partitioning.Rules | None = None) -> Any:
+        """The shardings that the rules (the run's unless given) give `api`'s parameters on the mesh."""
         with jax.set_mesh(self.mesh):
-            return partitioning.logical_shardings(api.boxed_abstract_params, self.mesh, self.rules)
+            return partitioning.logical_shardings(api.boxed_abstract_params, self.mesh, rules or self.rules)
 
     def init_state(self, rng: jax.Array) -> TrainState:
         """A fresh state, created directly in its sharded layout."""
