@@ -42,6 +42,11 @@ unpipelined run's, as scanning's differ from the plain stack's. Layers' sown
 intermediates are not collected under the pipeline; their sown 'losses' (MoE's
 auxiliary losses, whose expert axis composes with the stages) are, each summed
 over the layers and averaged over the micro-batches (`apply_stages`).
+
+With FSDP (e.g. stage=2 x fsdp=32) the fsdp axis stays automatic inside the
+`shard_map`: XLA gathers each layer's weights inside the layer loop, one layer
+at a time. The optimizer, which sees the layers unscanned, holds each layer's
+state split over the stages too (`partitioning.optimizer_rules`).
 """
 
 from __future__ import annotations
