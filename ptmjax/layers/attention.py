@@ -26,6 +26,8 @@ from ptmjax.layers.context_parallel import ContextMask, context_parallel_attenti
 from ptmjax.layers.dense import Dense
 from ptmjax.layers.pallas_attention import POLICIES as PALLAS_POLICIES
 from ptmjax.layers.pallas_attention import tpu_flash_attention
+from ptmjax.layers.performer_attention import POLICIES as PERFORMER_POLICIES
+from ptmjax.layers.performer_attention import favor_attention, layer_seed, random_projection
 from ptmjax.layers.sequence_sharding import context_axis
 from ptmjax.layers.softmax import softmax
 from ptmjax.layers.splash_attention import POLICIES as SPLASH_POLICIES
@@ -44,8 +46,9 @@ KV_AXES = ("activation_batch", "activation_heads", "activation_length", "activat
 # on CPU, slowly, for tests); 'blockwise' loops over the examples and query blocks where the batch's
 # logits are large (ptmjax/layers/blockwise_attention.py: the fastest on a CPU) and is 'einsum' elsewhere;
 # 'splash' calls JAX's Pallas TPU splash-attention kernel, whose block-sparse mask skips the blocks that
-# causality and a sparse pattern mask (ptmjax/layers/splash_attention.py).
-ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "pallas_tpu_flash", "blockwise", "splash")
+# causality and a sparse pattern mask (ptmjax/layers/splash_attention.py); 'performer' approximates softmax
+# attention with random features, linear in the length (ptmjax/layers/performer_attention.py).
+ATTENTION_KERNELS = ("einsum", "xla", "cudnn", "pallas_tpu_flash", "blockwise", "splash", "performer")
 # The precision policies (ptmjax/layers/precision.py) each kernel takes, and how. 'einsum' runs its two
 # products on the seam; the fused ones run their own.
 KERNEL_POLICIES = {
@@ -56,6 +59,7 @@ KERNEL_POLICIES = {
     "pallas_tpu_flash": PALLAS_POLICIES,
     "blockwise": BLOCKWISE_POLICIES,
     "splash": SPLASH_POLICIES,
+    "performer": PERFORMER_POLICIES,
 }
 
 
@@ -137,7 +141,8 @@ class MultiHeadAttention(nn.Module):
     `enable_dropout` with `dropout_rate` > 0.
     `attention_pattern` (ptmjax/layers/attention_patterns.py): a sparse pattern ANDed with `mask` over the
     query and key indices, read tile by tile by 'blockwise' and as splash's block-sparse mask by 'splash' (both
-    skip the blocks it masks entirely) and as a bias by the others; not applied with a cache, whose mask
+    skip the blocks it masks entirely) and as a bias by the others ('performer', with `performer_features`
+    random features, refuses it); not applied with a cache, whose mask
     (`cached_self_mask`) takes it over positions.
 
     Decoding (`cache` given, apply with `mutable=['cache']`): self-attention
@@ -156,6 +161,7 @@ class MultiHeadAttention(nn.Module):
     scale_logits: bool = False
     cross_attention: bool = False
     attention_kernel: str = "einsum"
+    performer_features: int = 256
     attention_pattern: AttentionPattern | None = None
     context_parallel: str = "all_gather"
     dtype: DType = jnp.float32
@@ -259,6 +265,11 @@ class MultiHeadAttention(nn.Module):
             return jnp.swapaxes(tpu_flash_attention(jnp.swapaxes(query, 1, 2), key, value, mask), 1, 2)
         if self.attention_kernel == "splash":
             return jnp.swapaxes(splash_attention(jnp.swapaxes(query, 1, 2), key, value, mask), 1, 2)
+        if self.attention_kernel == "performer":  # q . k split evenly between the two feature maps' inputs
+            split = self.head_dim**0.25 if self.scale_logits else 1.0
+            projection = random_projection(layer_seed(self.name), self.performer_features, self.head_dim)
+            context = favor_attention(jnp.swapaxes(query, 1, 2) * split, key / split, value, mask, projection)
+            return jnp.swapaxes(context, 1, 2)
         if self.attention_kernel == "cudnn":
             _check_cudnn(query.dtype)
         structure = {}

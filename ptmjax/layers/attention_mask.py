@@ -135,13 +135,13 @@ class AttentionMask:
                      for segments in ids)
 
     def for_kernel(self, kernel: str, dtype: DType) -> AttentionMask:
-        """The mask as `kernel` reads it: this one for 'pallas_tpu_flash', 'blockwise' and 'splash', and for 'xla'
-        and 'cudnn' if `unpacked`; else `dense_bias`, folded once where a stack's layers share it."""
+        """The mask as `kernel` reads it: this one for 'pallas_tpu_flash', 'blockwise', 'splash' and 'performer', and
+        for 'xla' and 'cudnn' if `unpacked`; else `dense_bias`, folded once where a stack's layers share it."""
         if self.pattern is not None and kernel not in ("blockwise", "splash"):  # the others take it as a bias
             sizes = (self.query_segment_ids.shape[1], self.key_segment_ids.shape[1])
             pattern_bias = mask_to_bias(pattern_mask(self.pattern, *sizes), dtype)
             return self.replace(bias=_plus(self.bias, pattern_bias), pattern=None).for_kernel(kernel, dtype)
-        structured = kernel in ("pallas_tpu_flash", "blockwise", "splash") or (
+        structured = kernel in ("pallas_tpu_flash", "blockwise", "splash", "performer") or (
             self.unpacked and kernel in ("xla", "cudnn"))
         return self if structured else AttentionMask(self.dense_bias(dtype))
 

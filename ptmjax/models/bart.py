@@ -177,8 +177,8 @@ class BartLayer(nn.Module):
             pattern = None if self.decoder else c.attention_pattern  # the encoder's self-attention only
             return MultiHeadAttention(
                 c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-                cross_attention=cross_attention, attention_kernel=c.attention_kernel, attention_pattern=pattern,
-                name=name, **dtype_kwargs(c),
+                cross_attention=cross_attention, attention_kernel=c.attention_kernel,
+                performer_features=c.performer_features, attention_pattern=pattern, name=name, **dtype_kwargs(c),
             )
 
         self_name = "self_attention" if self.decoder else "attention"

@@ -32,7 +32,9 @@ class ModelConfig(LayerStackConfig):
       must be at the end of each row, as seqio and tokenizers put it: a padding id before a row's last
       token counts as a token), 'pallas_tpu_flash' for JAX's Pallas TPU flash-attention kernel
       (interpreted on CPU), or 'blockwise', the fastest on a CPU: large attention one example and query
-      block at a time (ptmjax/layers/attention.py's ATTENTION_KERNELS).
+      block at a time, or 'performer', FAVOR+ random-feature attention, linear in the length, with
+      `performer_features` features (GPT-2, the BERT family, BART; ptmjax/layers/attention.py's
+      ATTENTION_KERNELS).
     context_parallel_attention: under a mesh whose rules split 'activation_length' (gin_configs/mesh/cp.gin),
       how self-attention spans the split sequence: 'all_gather' (each device gathers the keys and values) or
       'ring' (they travel around the context axis); GPT-2 and T5 (ptmjax/layers/context_parallel.py).
@@ -46,6 +48,7 @@ class ModelConfig(LayerStackConfig):
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention_kernel: str = "einsum"
+    performer_features: int = 256
     context_parallel_attention: str = "all_gather"
 
     def check_model_config(self, *other_rates: str) -> None:
@@ -61,6 +64,7 @@ class ModelConfig(LayerStackConfig):
             raise ValueError(
                 f"{owner}.attention_kernel={self.attention_kernel!r} is unknown; use one of {list(ATTENTION_KERNELS)}."
             )
+        check_positive_ints(self, "performer_features")
         if self.context_parallel_attention not in CONTEXT_PARALLEL_FORMS:
             raise ValueError(f"{owner}.context_parallel_attention={self.context_parallel_attention!r} is unknown; use "
                              f"one of {list(CONTEXT_PARALLEL_FORMS)}.")

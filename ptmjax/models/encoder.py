@@ -242,8 +242,8 @@ class PostLNLayer(nn.Module):
         drop = nn.Dropout(c.dropout_rate)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-            attention_kernel=c.attention_kernel, attention_pattern=c.attention_pattern, name="attention",
-            **dtype_kwargs(c),
+            attention_kernel=c.attention_kernel, performer_features=c.performer_features,
+            attention_pattern=c.attention_pattern, name="attention", **dtype_kwargs(c),
         )(x, x, mask, enable_dropout)
         x = LayerNorm(c.layer_norm_epsilon, name="attention_layer_norm", **dtype_kwargs(c))(
             x + drop(h, deterministic=not enable_dropout)

@@ -95,8 +95,8 @@ class GPT2Block(nn.Module):
         h = LayerNorm(c.layer_norm_epsilon, name="pre_attention_layer_norm", **dtype_kwargs(c))(x)
         h = MultiHeadAttention(
             c.num_heads, c.head_dim, c.attention_dropout_rate, use_bias=True, scale_logits=True,
-            attention_kernel=c.attention_kernel, attention_pattern=c.attention_pattern,
-            context_parallel=c.context_parallel_attention, name="attention",
+            attention_kernel=c.attention_kernel, performer_features=c.performer_features,
+            attention_pattern=c.attention_pattern, context_parallel=c.context_parallel_attention, name="attention",
             **dtype_kwargs(c),
         )(h, h, mask, enable_dropout, cache)
         x = x + drop(h, deterministic=not enable_dropout)
