@@ -51,7 +51,8 @@ class MlmHead(nn.Module):
     @nn.compact
     def __call__(self, hidden: Array, attend: Callable[[Array], Array]) -> Array:
         kw = {"dtype": self.dtype, "param_dtype": self.param_dtype}
-        h = in_activation_layout(Dense((self.embed_dim,), ("embed", "mlp"), use_bias=True, name="transform", **kw)(hidden))
+        transform = Dense((self.embed_dim,), ("embed", "mlp"), use_bias=True, name="transform", **kw)
+        h = in_activation_layout(transform(hidden))
         h = LayerNorm(self.layer_norm_epsilon, name="layer_norm", **kw)(ACTIVATIONS[self.activation](h))  # [b, s, E]
         bias = self.param(
             "bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (self.vocab_size,),
