@@ -16,7 +16,7 @@ def test_the_committed_results_hold_every_arm_at_three_seeds():
     results = json.loads((RUN.parent / "results.json").read_text())
     assert len(results["runs"]) == 12 and len(results["summary"]) == 4
     for figures in results["summary"].values():
-        for key in ("retrieval_en_to_x", "retrieval_x_to_en", "transfer", "english"):
+        for key in ("retrieval_en_to_x", "retrieval_x_to_en", "transfer", "english", "bleu", "chrf"):
             low, high = figures[key]["ci95"]
             assert len(figures[key]["seeds"]) == 3 and low <= figures[key]["mean"] <= high
 
