@@ -40,7 +40,7 @@ DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 RESULTS = DOCS / "aot_compile.json"
 TABLE = DOCS / "aot_compile.md"
 SCRIPT = "benchmarks/aot_compile_table.py"  # how docs/aot_compile.md's table markers name this script
-TABLES = ("models", "remat_scan", "kernels", "pipeline", "context", "sparse")
+TABLES = ("models", "remat_scan", "kernels", "pipeline", "context", "context_t5", "sparse")
 RUN = "runs/pretrain.gin"  # T5's pre-training setting: batch 128, inputs 512, targets 114, Adafactor
 BF16 = ("T5Config.dtype = 'bfloat16'",)  # 3B and 11B: full remat and scanned layers come from their gin files
 
@@ -123,11 +123,13 @@ def _axes(**sizes: int) -> str:
 
 
 def _scale_rows() -> list[Row]:
-    """Pipeline stages, the context axis and splash attention's sparse masks (tables pipeline, context, sparse)."""
+    """Pipeline stages, the context axis and splash attention's sparse masks (tables pipeline, context,
+    context_t5, sparse)."""
     # GPT-2 30B, batch 32 of 2048 tokens: FSDP alone spans at most 32 chips (a row each), too few for 30B with
     # AdamW; on the 64 chips of v5e:8x8 the other factor 2 (or 4) is tensor parallelism or pipeline stages.
     rows = [Row("gpt2_30B_fsdp32", "gpt2_medium", "v5e:4x8", "fsdp", GPT2_30B, table="pipeline", run=GPT2_RUN),
-            Row("gpt2_30B_fsdp32_tp2", "gpt2_medium", "v5e:8x8", "fsdp", (*GPT2_30B, "MeshConfig.tensor = 2"),
+            Row("gpt2_30B_fsdp32_tp2", "gpt2_medium", "v5e:8x8", "fsdp",  # the vocabulary padded to 2 x 25152
+                (*GPT2_30B, "GPT2Config.vocab_size = 50304", "MeshConfig.tensor = 2"),
                 table="pipeline", run=GPT2_RUN)]
     for stages, micro in ((2, 1), (4, 2)):
         options = (*GPT2_30B, _axes(stage=stages, fsdp=64 // stages), f"GPT2Config.pipeline_microbatches = {micro}")
@@ -144,15 +146,22 @@ def _scale_rows() -> list[Row]:
         rows.append(Row(f"gpt2_medium_32k_cp8_{form}", "gpt2_medium", "v5e:2x4", "cp",
                         (*gpt2_32k, _axes(context=8), f"GPT2Config.context_parallel_attention = '{form}'"),
                         table="context", run=GPT2_RUN))
-    # T5 v1.1 base, 4 rows of 8192 input and 8192 target tokens on the 4 chips of v5e:2x2: a row per chip, or
-    # every row's sequence over the 4 chips.
-    t5_8k = ("train.task_feature_lengths = {'inputs': 8192, 'targets': 8192}", "train.batch_size = 4",
-             *(f"T5Config.{b}" for b in SCANNED))
-    rows.append(Row("t5_base_8k_fsdp4", "t5_1_1_base", "v5e:2x2", "fsdp", t5_8k, table="context"))
+    # T5 v1.1 base, 8192 input and 8192 target tokens a row on the 4 chips of v5e:2x2. Four rows: one per chip, or
+    # every row's sequence over the 4 chips (the same tokens per chip). One row: its heads over the chips (12 / 4 a
+    # chip), or its sequence.
+    t5_8k = ("train.task_feature_lengths = {'inputs': 8192, 'targets': 8192}", *(f"T5Config.{b}" for b in SCANNED))
+    rows.append(Row("t5_base_8k_fsdp4", "t5_1_1_base", "v5e:2x2", "fsdp", (*t5_8k, "train.batch_size = 4"),
+                    table="context_t5"))
+    rows.append(Row("t5_base_8k_cp4_all_gather", "t5_1_1_base", "v5e:2x2", "cp",
+                    (*t5_8k, "train.batch_size = 4", _axes(context=4),
+                     "T5Config.context_parallel_attention = 'all_gather'"), table="context_t5"))
+    rows.append(Row("t5_base_8k_b1_tp4", "t5_1_1_base", "v5e:2x2", "fsdp",
+                    (*t5_8k, "train.batch_size = 1", "MeshConfig.fsdp = 1", "MeshConfig.tensor = 4"),
+                    table="context_t5"))
     for form in ("ring", "all_gather"):
-        rows.append(Row(f"t5_base_8k_cp4_{form}", "t5_1_1_base", "v5e:2x2", "cp",
-                        (*t5_8k, _axes(context=4), f"T5Config.context_parallel_attention = '{form}'"),
-                        table="context"))
+        rows.append(Row(f"t5_base_8k_b1_cp4_{form}", "t5_1_1_base", "v5e:2x2", "cp",
+                        (*t5_8k, "train.batch_size = 1", _axes(context=4),
+                         f"T5Config.context_parallel_attention = '{form}'"), table="context_t5"))
     return rows + _sparse_rows()
 
 
@@ -313,7 +322,7 @@ def _scale_markdown(results: dict[str, dict], table: str) -> str:
     return "\n".join(lines) + f"\n\nEvery row: {common}.\n\nCommands:\n\n```\n{commands}\n```"
 
 
-SCALE_TABLES = ("pipeline", "context", "sparse")
+SCALE_TABLES = ("pipeline", "context", "context_t5", "sparse")
 
 
 def tables() -> dict[str, str]:
