@@ -233,7 +233,7 @@ class LoadedModel(Loaded):
         """What `_repr_html_` shows: model, parameters, vocabulary, generation ids, mesh, source."""
         ids = ", ".join(f"{k}={v}" for k, v in self.generation_ids.to_hf().items())
         family = self.api.family.kind.value
-        rows = "causal (Hugging Face)" if self.row_format.causal else self.api.family.feature_converter.__name__
+        rows = "causal: one stream of ids" if self.row_format.causal else self.api.family.feature_converter.__name__
         return {
             "model": f"{type(self.module).__name__} ({type(self.config).__name__}, {family})",
             "parameters": f"{self.num_params:,}",

@@ -1,7 +1,7 @@
 """`ptmjax infer` on a tiny trained run: its JSONL equals `LoadedModel.predict` on the same inputs;
-it never overwrites an output without --overwrite, an empty input file is a one-line error, invalid UTF-8 in a
-file or on standard input is replaced with a warning naming the lines, and a second run reads its programs from the
-compilation cache."""
+it never overwrites an output without --overwrite, an empty input file and a binding of anything but
+DecodeConfig are one-line errors, invalid UTF-8 in a file or on standard input is replaced with a warning naming
+the lines, and a second run reads its programs from the compilation cache."""
 
 import io
 import json
@@ -74,6 +74,17 @@ def test_an_empty_input_file_is_a_one_line_error(t5_run, tmp_path, capsys):
     assert cli.main(["infer", "--model_dir", t5_run, "--input_file", str(tmp_path / "empty.txt")]) == 1
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "empty.txt has no lines; write one prompt per line" in error
+
+
+def test_a_binding_of_the_model_is_a_one_line_error(t5_run, tmp_path, capsys):
+    """The model is the saved one: a binding of its config would be ignored, so it is refused, naming it."""
+    (tmp_path / "prompts.txt").write_text("hello\n")
+    args = ["infer", "--model_dir", t5_run, "--input_file", str(tmp_path / "prompts.txt"),
+            "--output", str(tmp_path / "out.jsonl"), "--gin_bindings=T5Config.dropout_rate = 0.5"]
+    assert cli.main(args) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "'T5Config.dropout_rate = 0.5': eval and infer bind only DecodeConfig" in error
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 @pytest.mark.slow  # two fresh processes
