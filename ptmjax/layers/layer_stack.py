@@ -302,7 +302,7 @@ def apply_layers(
     else:
         body = LayerPeriod(layer, config, tuple(fields.items()), name=SCANNED)
     if staged is not None and pipeline.runs_staged(body):  # pipeline stages over a mesh axis (pipeline.py)
-        return pipeline.apply_stages(body, config, x, args, enable_dropout, staged)
+        return pipeline.apply_stages(body, config, x, args, enable_dropout, staged, REMAT_POLICIES[config.remat_policy])
 
     def step(module: nn.Module, carry: Array, dropped_here: Array | None, *broadcast: Any) -> tuple[Array, None]:
         for r in range(repeats):

@@ -52,6 +52,7 @@ state split over the stages too (`partitioning.optimizer_rules`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -182,8 +183,10 @@ def runs_staged(body: nn.Module) -> bool:
 
 
 def apply_stages(body: nn.Module, config: Any, x: Array, args: tuple[Any, ...], enable_dropout: bool,
-                 layout: tuple[str, int]) -> Array:
+                 layout: tuple[str, int], remat_policy: Callable[..., bool] | None) -> Array:
     """The scanned stack `body` (its parameters [L, ...]) on x [b, ...] as a pipeline over `layout`'s axis.
+
+    `remat_policy` is the jax policy of the layers' `config.remat_policy` (None for 'none'), see pipelined_stack.
 
     What the layers sow into 'losses' (MoE's auxiliary losses) is sown into `body`'s, each loss summed over
     the layers and averaged over the micro-batches: the whole batch's, as the losses are means over rows.
@@ -202,7 +205,7 @@ def apply_stages(body: nn.Module, config: Any, x: Array, args: tuple[Any, ...], 
         return out, jax.tree.map(jnp.sum, dict(sown.get("losses", {})))
 
     out, losses = pipelined_stack(apply_layer, body.variables["params"], x, args, rng, axis, stages, microbatches,
-                                  config.pipeline_repeats)
+                                  config.pipeline_repeats, remat_policy)
     for name, value in losses.items():
         body.sow("losses", name, value)
     return out
@@ -228,7 +231,7 @@ def join_microbatches(x: Array) -> Array:
 
 def pipelined_stack(
     apply_layer: Callable[..., tuple[Array, Any]], params: Any, x: Array, args: tuple[Any, ...], rng: Array | None,
-    axis: str, stages: int, microbatches: int, repeats: int,
+    axis: str, stages: int, microbatches: int, repeats: int, remat_policy: Callable[..., bool] | None = None,
 ) -> tuple[Array, Any]:
     """Runs a stack of L layers over x [b, ...] as a pipeline of `stages` stages on mesh axis `axis`.
 
@@ -237,6 +240,9 @@ def pipelined_stack(
     scalars (the same tree for every layer; {} for none); `args` leaves whose leading dimension is the batch's
     are cut into micro-batches with x, the others are shared. -> (output [b, ...], aux with each leaf summed
     over the layers and averaged over the micro-batches), both on every stage.
+    `remat_policy`: what the layers save for the backward pass (a jax.checkpoint policy; None: every matrix
+    product). With repeats > 1 each layer's parameters are cut from the stage's stack at the tick's round inside
+    a checkpoint with that policy, so the backward pass cuts them again instead of keeping a copy per tick.
     """
     batch = x.shape[0]
     depth = jax.tree.leaves(params)[0].shape[0]
@@ -251,9 +257,10 @@ def pipelined_stack(
     def per_stage(local_params, x_micro, args, rng):
         stage = jax.lax.axis_index(axis)
         local_params = jax.tree.map(lambda p: p.reshape((repeats, per_group) + p.shape[1:]), local_params)
-        # One round: the group is the whole local stack, read as it is, so that the backward pass keeps no
-        # per-tick copy of the stage's parameters (a slice at a traced round would be one).
-        group_of = lambda r: jax.tree.map(lambda p: p[0] if repeats == 1 else _take(p, r), local_params)  # noqa: E731
+        # One round: the group is the whole local stack, scanned as it is. Several: each layer is cut from the
+        # stack at the traced round inside the layer scan (a cut outside it would be kept for every tick).
+        group_of = lambda r: (jax.tree.map(lambda p: p[0], local_params) if repeats == 1  # noqa: E731
+                              else functools.partial(_cut_layer, local_params, r))
         args_of = lambda m: jax.tree.map(lambda a, cut: _take(a, m) if cut else a, args, batched)  # noqa: E731
 
         def tick(carry, row):
@@ -268,7 +275,8 @@ def pipelined_stack(
                 fresh = jnp.where(item < microbatches, fresh, _take(circulating, m))
             inputs = jnp.where(stage == 0, fresh, received)
             first_layer = (r * stages + stage) * per_group
-            out, out_aux = _run_group(apply_layer, group_of(r), inputs, args_of(m), rng, m, first_layer)
+            out, out_aux = _run_group(apply_layer, group_of(r), inputs, args_of(m), rng, m, first_layer, per_group,
+                                       remat_policy)
             aux = jax.tree.map(lambda total, a: total + jnp.where(item >= 0, a, 0), aux, out_aux)
             outputs = _set_if(outputs, m, out, (stage == stages - 1) & (item >= microbatches * (repeats - 1)))
             received = jax.lax.ppermute(out, axis, [(s, (s + 1) % stages) for s in range(stages)])
@@ -276,7 +284,8 @@ def pipelined_stack(
 
         varying = lambda a: jax.lax.pcast(a, axis, to="varying")  # noqa: E731  (each stage's own values)
         received = varying(jnp.zeros_like(x_micro[0]))
-        aux_shapes = jax.eval_shape(lambda: _run_group(apply_layer, group_of(0), received, args_of(0), rng, 0, 0))
+        aux_shapes = jax.eval_shape(
+            lambda: _run_group(apply_layer, group_of(0), received, args_of(0), rng, 0, 0, per_group, remat_policy))
         aux = jax.tree.map(lambda s: varying(jnp.zeros(s.shape, s.dtype)), aux_shapes[1])
         carry = (received, varying(jnp.zeros_like(x_micro)) if repeats > 1 else None,
                  varying(jnp.zeros_like(x_micro)), aux)
@@ -292,17 +301,28 @@ def pipelined_stack(
     return join_microbatches(outputs), aux
 
 
-def _run_group(apply_layer, group, x, args, rng, microbatch, first_layer):
-    """The stage's K layers (leaves [K, ...]) on one micro-batch, scanned -> (output, aux summed over them)."""
+def _run_group(apply_layer, group, x, args, rng, microbatch, first_layer, depth, remat_policy):
+    """The stage's K = `depth` layers on one micro-batch, scanned -> (output, aux summed over them).
+
+    `group`: their parameters (leaves [K, ...]), or a function of a layer's index k < K to its parameters,
+    called inside a checkpoint with `remat_policy` (None: jax.checkpoint_policies.dots_saveable).
+    """
     rng = None if rng is None else jax.random.fold_in(rng, microbatch)
+    if callable(group):
+        def layer(h, index):
+            return apply_layer(group(index), h, args, rng, first_layer + index)
 
-    def layer(h, indexed):
-        index, layer_params = indexed
-        return apply_layer(layer_params, h, args, rng, first_layer + index)
-
-    depth = jax.tree.leaves(group)[0].shape[0]
-    out, aux = jax.lax.scan(layer, x, (jnp.arange(depth), group))
+        layer = jax.checkpoint(layer, policy=remat_policy or jax.checkpoint_policies.dots_saveable)
+        out, aux = jax.lax.scan(layer, x, jnp.arange(depth))
+    else:
+        out, aux = jax.lax.scan(lambda h, indexed: apply_layer(indexed[1], h, args, rng, first_layer + indexed[0]),
+                                x, (jnp.arange(depth), group))
     return out, jax.tree.map(lambda a: jnp.sum(a, axis=0), aux)
+
+
+def _cut_layer(local_params: Any, round_index: Array, index: Array) -> Any:
+    """Layer `index` of group `round_index` of a stage's stack (leaves [R, K, ...])."""
+    return jax.tree.map(lambda p: p[round_index, index], local_params)
 
 
 def _stage_major(p: Array, stages: int, repeats: int) -> Array:
