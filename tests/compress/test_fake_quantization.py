@@ -9,12 +9,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import qwix
 from compress.test_distillation import teacher_folder
 from compress.test_quantization import numpy_quantized
 from compress.test_quantization_scheme import groups, numpy_dequantized
 from flax import traverse_util
+from training.sharding_helpers import assert_updates_match, parameter_update
 
 from ptmjax import cli, gin_files, partitioning
 from ptmjax.compress import fake_quantization
@@ -113,25 +115,36 @@ def test_the_loss_equals_qwix_quantized_training(activations):
     np.testing.assert_allclose(loss(qat, params), loss(qwix_model, params), rtol=1e-6)
 
 
-def trained_states(model, mesh_config, devices, steps=3):
-    spec = RunSpec(model=model, batch_size=8, task_feature_lengths=LENGTHS, optimizer=adafactor, pack=False,
+def trained_states(model, mesh_config, devices, steps):
+    """(initial parameters, parameters after `steps` SGD steps on random rows, the last step's loss)."""
+    spec = RunSpec(model=model, batch_size=8, task_feature_lengths=LENGTHS, optimizer=optax.sgd, pack=False,
                    mesh_config=mesh_config)
     trainer = spec.trainer(partitioning.make_mesh(spec.mesh_config, devices))
     state, rng = trainer.init_state(jax.random.key(0)), np.random.default_rng(0)
+    initial = jax.device_get(state.params)
     for _ in range(steps):
         rows = {name: rng.integers(1, CONFIG.vocab_size, s.shape, dtype=s.dtype)
                 for name, s in spec.abstract_batch(None).items()}
         rows["decoder_loss_weights"] = np.ones_like(rows["decoder_loss_weights"])
         state, metrics = trainer.train_step(state, partitioning.global_batch(rows, trainer.mesh), jax.random.key(1))
-    return jax.device_get(state.params), float(metrics["loss"])
+    return initial, jax.device_get(state.params), float(metrics["loss"])
 
 
-def test_a_sharded_qat_run_equals_one_device():
-    model = fake_quantized(EncoderDecoder(CONFIG), "int8", "int8")
-    sharded, sharded_loss = trained_states(model, partitioning.MeshConfig(data=2, fsdp=2, tensor=2), None)
-    single, single_loss = trained_states(model, partitioning.MeshConfig(data=1), jax.devices()[:1])
-    np.testing.assert_allclose(sharded_loss, single_loss, rtol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), sharded, single)
+@pytest.mark.parametrize("activations, steps, loss_rtol, update_tolerance", [(None, 3, 1e-6, 2e-3),
+                                                                             ("int8", 1, 1e-3, 2e-2)])
+def test_a_sharded_qat_run_equals_one_device(activations, steps, loss_rtol, update_tolerance):
+    """Each parameter's update within `update_tolerance` of one device's (relative to its largest entry).
+
+    With int8 activations the sharded products differ from one device's in float rounding, which moves an
+    activation here and there across a rounding step of its int8 grid: measured, the loss 7e-5 apart and the
+    first updates 0.5% (an unsharded product's error in a sharded layout would be tens of percent). SGD, since
+    Adafactor's normalised update turns a near-zero gradient entry's rounding into a whole step of either sign."""
+    model = fake_quantized(EncoderDecoder(CONFIG), "int8", activations)
+    initial, sharded, sharded_loss = trained_states(model, partitioning.MeshConfig(data=2, fsdp=2, tensor=2), None,
+                                                    steps)
+    _, single, single_loss = trained_states(model, partitioning.MeshConfig(data=1), jax.devices()[:1], steps)
+    np.testing.assert_allclose(sharded_loss, single_loss, rtol=loss_rtol)
+    assert_updates_match(parameter_update(initial, single), parameter_update(initial, sharded), update_tolerance)
 
 
 def qat_folder(path, qat, params):
