@@ -40,7 +40,7 @@ DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 RESULTS = DOCS / "aot_compile.json"
 TABLE = DOCS / "aot_compile.md"
 SCRIPT = "benchmarks/aot_compile_table.py"  # how docs/aot_compile.md's table markers name this script
-TABLES = ("models", "remat_scan", "kernels", "pipeline", "context", "context_t5", "sparse")
+TABLES = ("models", "remat_scan", "kernels", "pipeline", "context", "context_t5", "sparse", "long_models")
 RUN = "runs/pretrain.gin"  # T5's pre-training setting: batch 128, inputs 512, targets 114, Adafactor
 BF16 = ("T5Config.dtype = 'bfloat16'",)  # 3B and 11B: full remat and scanned layers come from their gin files
 
@@ -135,6 +135,10 @@ def _scale_rows() -> list[Row]:
         options = (*GPT2_30B, _axes(stage=stages, fsdp=64 // stages), f"GPT2Config.pipeline_microbatches = {micro}")
         rows.append(Row(f"gpt2_30B_pp{stages}_fsdp{64 // stages}_m{micro}", "gpt2_medium", "v5e:8x8", "pp", options,
                         table="pipeline", run=GPT2_RUN))
+    circular = ("GPT2Config.pipeline_microbatches = 2", "GPT2Config.pipeline_schedule = 'circular'",
+                "GPT2Config.pipeline_repeats = 2")
+    rows.append(Row("gpt2_30B_pp2_fsdp32_circular_r2_m2", "gpt2_medium", "v5e:8x8", "pp",
+                    (*GPT2_30B, _axes(stage=2, fsdp=32), *circular), table="pipeline", run=GPT2_RUN))
     # One 32k-token row of GPT-2 medium on the 8 chips of v5e:2x4: heads over 8 devices, or the sequence.
     gpt2_32k = ("train.task_feature_lengths = {'targets': 32768}", "GPT2Config.max_length = 32768",
                 "train.batch_size = 1", "GPT2Config.dropout_rate = 0.0", "GPT2Config.attention_dropout_rate = 0.0",
@@ -178,7 +182,8 @@ PATTERNS = {
 
 def _sparse_rows() -> list[Row]:
     """GPT-2 small (one row per chip of v5e:2x2) at 8k to 32k tokens: einsum, splash dense (causal) and splash with
-    each pattern; LongT5 (transient-global) at 8k and 16k inputs (table sparse)."""
+    each pattern (table sparse); LongT5 (transient-global) at 8k and 16k inputs and Transformer-XL with 8k
+    segments and memory (table long_models)."""
     rows = []
     for length in (8192, 16384, 32768):
         common = (f"train.task_feature_lengths = {{'targets': {length}}}", f"GPT2Config.max_length = {length}",
@@ -195,7 +200,16 @@ def _sparse_rows() -> list[Row]:
                    f"train.task_feature_lengths = {{'inputs': {inputs}, 'targets': 512}}", "train.batch_size = 4",
                    *(f"LongT5Config.{b}" for b in SCANNED))
         rows.append(Row(f"longt5_tglobal_base_{inputs // 1024}k", "longt5_tglobal_base", "v5e:2x2", "fsdp", options,
-                        table="sparse"))
+                        table="long_models"))
+    # Transformer-XL at GPT-2 small's sizes, 32k tokens a step as the GPT-2 rows: 4 streams of 8192-token segments
+    # or 16 of 2048, each layer attending its segment and a memory as long (einsum attention, layers not scanned).
+    for segment, streams in ((8192, 4), (2048, 16)):
+        txl = (*(f"TransformerXLConfig.{name} = {value}" for name, value in (
+            ("vocab_size", 50257), ("d_model", 768), ("num_heads", 12), ("num_layers", 12), ("d_ff", 3072),
+            ("memory_length", segment), ("remat_policy", "'full'"), ("dtype", "'bfloat16'"))),
+            f"SEGMENT_LENGTH = {segment}", f"BATCH_SIZE = {streams}")
+        rows.append(Row(f"txl_small_{segment // 1024}k_memory_{segment // 1024}k", "txl_tiny", "v5e:2x2", "fsdp",
+                        txl, table="long_models", run="runs/txl_demo.gin"))
     return rows
 
 
@@ -206,9 +220,11 @@ def compile_row(row: Row) -> dict:
     """Compiles one row; returns its JSON record."""
     gin.clear_config()
     gin_files.parse_gin(row.gin_files, row.bindings)
-    spec = run.run_spec_from_gin()
-    gin.clear_config()
-    step = aot.compile_train_step(spec, aot.get_topology(row.topology, row.num_slices))
+    try:  # the bindings stay while it compiles: the feature converter (its batch shapes) reads them too
+        spec = run.run_spec_from_gin()
+        step = aot.compile_train_step(spec, aot.get_topology(row.topology, row.num_slices))
+    finally:
+        gin.clear_config()
     report = step.report
     record = {
         **results_files.run_record(row.command),
@@ -264,7 +280,7 @@ def _markdown(results: dict[str, dict], table: str) -> str:
             continue
         m = r["memory"]
         mesh = "/".join(str(r["mesh"][a]) for a in ("data", "fsdp", "tensor", "expert"))
-        options = ", ".join(b.split(".", 1)[1] for b in row.bindings if not b.startswith("MeshConfig.expert")) or "-"
+        options = ", ".join(_option(b) for b in row.bindings if not b.startswith("MeshConfig.expert")) or "-"
         if m is None:
             memory = ["-"] * 4 + [f"out of memory: {r['compiler_error']}"]
         else:
@@ -296,6 +312,12 @@ EXTRA_HEADS = {"pipeline": ["stages x micro-batches: bubble"],
                "sparse": ["blocks computed / causal blocks", "attention FLOPs of those blocks (forward)"]}
 
 
+def _option(binding: str) -> str:
+    """A binding as a table shows it: 'GPT2Config.max_length = 8192' -> 'max_length = 8192' (a macro as it is)."""
+    name, value = binding.split("=", 1)
+    return f"{name.strip().rsplit('.', 1)[-1]} ={value}"
+
+
 def _scale_markdown(results: dict[str, dict], table: str) -> str:
     """A pipeline, context or sparse table: the mesh as its axes above 1, the options that differ between its
     rows (those all rows share are listed below it), and its extra cells."""
@@ -307,7 +329,7 @@ def _scale_markdown(results: dict[str, dict], table: str) -> str:
     for row in rows:
         r, m = results[row.name], results[row.name]["memory"]
         mesh = ", ".join(f"{axis}={n}" for axis, n in r["mesh"].items() if n > 1)
-        options = ", ".join(b.split(".", 1)[1] for b in row.bindings
+        options = ", ".join(_option(b) for b in row.bindings
                             if b not in shared and not b.startswith("MeshConfig.axes")) or "-"
         total = f"{_gib(r['total_per_device'])} / {_gib(r['hbm_per_device'])}"
         memory = ["-", "-", f"out of memory: {r['compiler_error']}"] if m is None else [
@@ -317,12 +339,12 @@ def _scale_markdown(results: dict[str, dict], table: str) -> str:
                  f"{r['device_kind']})", mesh, options, *memory, "yes" if r["fits"] else "**no**",
                  *_extra(table, r), flops, f"{r['compile_seconds']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    common = ", ".join(b.split(".", 1)[1] for b in sorted(shared)) or "-"
+    common = ", ".join(_option(b) for b in sorted(shared)) or "-"
     commands = "\n".join(f"{row.name}:\n    {row.command}" for row in rows)
     return "\n".join(lines) + f"\n\nEvery row: {common}.\n\nCommands:\n\n```\n{commands}\n```"
 
 
-SCALE_TABLES = ("pipeline", "context", "context_t5", "sparse")
+SCALE_TABLES = ("pipeline", "context", "context_t5", "sparse", "long_models")
 
 
 def tables() -> dict[str, str]:
