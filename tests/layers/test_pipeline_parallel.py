@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ptmjax.layers import pipeline
+from ptmjax.layers.layer_stack import REMAT_POLICIES
 from ptmjax.models import GPT2, GPT2Config
 
 STAGES, BATCH, WIDTH = 4, 16, 8
@@ -88,8 +89,6 @@ def test_the_circular_backward_pass_keeps_no_copy_of_the_layers_per_tick(policy)
     """The round's layers, cut at a traced index, are cut again in the backward pass: two rounds of half the
     layers need no more temporaries than one round of all, where keeping each tick's cut would add
     (ticks = M R + S - 1 = 11) x 2 MiB here. The FLOPs are those of the model's own remat policy."""
-    from ptmjax.layers.layer_stack import REMAT_POLICIES
-
     width, depth, remat = 512, 8, REMAT_POLICIES[policy]
 
     def mlp(params, h, args, rng, index):
